@@ -1,0 +1,1 @@
+//! Conformance kit for `provisioning` (work in progress).

@@ -1,0 +1,1 @@
+//! Local process provider for `provisioning` (work in progress).

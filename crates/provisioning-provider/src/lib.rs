@@ -1,0 +1,456 @@
+//! The provider seam of `provisioning`.
+//!
+//! A provider implements [`ProvisionPlugin`]: create or adopt a node for an
+//! [`AttemptKey`], look up its endpoint, start, complete and cancel its
+//! bootstrap, destroy it, and list what it manages. Errors carry a
+//! [`PluginError`] disposition — definite, ambiguous or not found — so
+//! "it may have happened" is part of the type. Asynchronous facts (bootstrap
+//! stages, swarm join, a node process that exited) go through the
+//! [`ObservationSink`] the host attaches; facts of a superseded attempt are
+//! dropped there. [`PluginBackendAdapter`] turns plugins into the core's
+//! [`EffectBackend`].
+//!
+//! A plugin depends on this crate and on `provisioning` for the identity and
+//! spec types; it never needs the driver.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use provisioning::effect::{EffectRequest, SessionHandle};
+use provisioning::executor::EffectBackend;
+use provisioning::observe::{BootstrapEvent, LossCause};
+use provisioning::spawn::BoxFuture;
+use provisioning::{
+    EffectError, EffectOutput, Endpoint, EndpointLookup, LeaseHandle, LogicalNodeId,
+    LogicalNodeSpec, NodeAttemptId, Observation, Operation, RunId,
+};
+use thiserror::Error;
+
+/// The key every provider request is made for: one attempt of one slot.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AttemptKey {
+    /// The run.
+    pub run_id: RunId,
+    /// The slot.
+    pub node: LogicalNodeId,
+    /// The attempt.
+    pub attempt: NodeAttemptId,
+}
+
+impl AttemptKey {
+    /// The key of an operation.
+    pub fn of(operation: &Operation) -> Self {
+        AttemptKey {
+            run_id: operation.run_id.clone(),
+            node: operation.node.clone(),
+            attempt: operation.attempt(),
+        }
+    }
+}
+
+impl fmt::Display for AttemptKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.run_id, self.node, self.attempt)
+    }
+}
+
+/// A failed plugin call. The variant says whether the call may have acted.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum PluginError {
+    /// The call certainly left nothing behind for its key.
+    #[error("{0}")]
+    Definite(String),
+    /// The call may have acted (a timeout, a lost reply, a half-done step).
+    #[error("outcome unknown: {0}")]
+    Ambiguous(String),
+    /// The resource the call is about does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+impl PluginError {
+    /// A definite failure.
+    pub fn definite(message: impl fmt::Display) -> Self {
+        PluginError::Definite(message.to_string())
+    }
+
+    /// An ambiguous failure.
+    pub fn ambiguous(message: impl fmt::Display) -> Self {
+        PluginError::Ambiguous(message.to_string())
+    }
+
+    /// A missing resource.
+    pub fn not_found(message: impl fmt::Display) -> Self {
+        PluginError::NotFound(message.to_string())
+    }
+}
+
+/// A node a plugin created or adopted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeLease {
+    /// The provider's name for it.
+    pub lease: LeaseHandle,
+    /// The endpoint, when already known.
+    pub endpoint: Option<Endpoint>,
+    /// Whether an existing resource of the key was adopted.
+    pub adopted: bool,
+}
+
+/// What a bootstrap start needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BootstrapRequest {
+    /// The attempt's immutable spec (boot parameters, swarm join template).
+    pub spec: LogicalNodeSpec,
+    /// The lease.
+    pub lease: LeaseHandle,
+    /// The endpoint to reach the node through.
+    pub endpoint: Endpoint,
+}
+
+/// A bootstrap session a plugin started or adopted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootstrapSession {
+    /// The provider's name for it.
+    pub session: SessionHandle,
+    /// Whether an existing session of the key was adopted.
+    pub adopted: bool,
+}
+
+/// One resource a plugin manages.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListedNode {
+    /// The key it was created for.
+    pub key: AttemptKey,
+    /// The provider's name for it.
+    pub lease: LeaseHandle,
+}
+
+/// A provider of nodes.
+///
+/// # Assumptions
+/// - Every call is keyed by an [`AttemptKey`]. `create_node` and
+///   `start_bootstrap` first look for an existing resource of their key and
+///   adopt it; they create only when none exists. Calling them twice for one
+///   key therefore creates at most one resource.
+/// - [`PluginError::Definite`] means the call left nothing behind for its key;
+///   when unsure, return [`PluginError::Ambiguous`].
+/// - `cancel_bootstrap` and `destroy_node` of something absent succeed (or
+///   return [`PluginError::NotFound`], which the adapter treats as success).
+/// - Methods may be called concurrently for different keys; for one key, the
+///   executor runs at most one call at a time.
+#[async_trait]
+pub trait ProvisionPlugin: Send + Sync + 'static {
+    /// The provider kind this plugin serves (`provider = "..."` in a shape).
+    fn kind(&self) -> &str;
+
+    /// Receives the sink for asynchronous facts. Called once by
+    /// [`PluginBackendAdapter`] before any other call.
+    fn attach(&self, sink: ObservationSink) {
+        let _ = sink;
+    }
+
+    /// Creates the node of `key`, or adopts the existing one.
+    async fn create_node(
+        &self,
+        key: &AttemptKey,
+        spec: &LogicalNodeSpec,
+    ) -> Result<NodeLease, PluginError>;
+
+    /// Where the node can be reached; `NotReady` until it can.
+    async fn lookup_endpoint(
+        &self,
+        key: &AttemptKey,
+        lease: &LeaseHandle,
+    ) -> Result<EndpointLookup, PluginError>;
+
+    /// Starts the bootstrap session of `key`, or adopts the running one.
+    /// Stages are reported through the sink as they happen.
+    async fn start_bootstrap(
+        &self,
+        key: &AttemptKey,
+        request: &BootstrapRequest,
+    ) -> Result<BootstrapSession, PluginError>;
+
+    /// Tells the session that the agent joined; the plugin then closes it
+    /// (reporting [`BootstrapEvent::Closed`]).
+    async fn complete_bootstrap(
+        &self,
+        key: &AttemptKey,
+        session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError>;
+
+    /// Stops the bootstrap session; absent counts as success.
+    async fn cancel_bootstrap(
+        &self,
+        key: &AttemptKey,
+        session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError>;
+
+    /// Destroys the node; absent counts as success.
+    async fn destroy_node(&self, key: &AttemptKey, lease: &LeaseHandle) -> Result<(), PluginError>;
+
+    /// Every resource this plugin manages for `run`.
+    async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError>;
+}
+
+type Deliver = Box<dyn Fn(Observation) + Send + Sync>;
+
+struct SinkInner {
+    deliver: Deliver,
+    latest: Mutex<BTreeMap<LogicalNodeId, NodeAttemptId>>,
+    delivered: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// Where plugins report asynchronous facts.
+///
+/// The sink remembers the newest attempt it has seen for each slot (the
+/// adapter tells it before every call). A fact about an older attempt is
+/// dropped here and never reaches the driver.
+#[derive(Clone)]
+pub struct ObservationSink {
+    inner: Arc<SinkInner>,
+}
+
+impl fmt::Debug for ObservationSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObservationSink")
+            .field("delivered", &self.delivered_count())
+            .field("dropped", &self.dropped_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ObservationSink {
+    /// A sink that hands accepted facts to `deliver`.
+    pub fn new(deliver: impl Fn(Observation) + Send + Sync + 'static) -> Self {
+        ObservationSink {
+            inner: Arc::new(SinkInner {
+                deliver: Box::new(deliver),
+                latest: Mutex::new(BTreeMap::new()),
+                delivered: AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Records that `attempt` of `node` is in use; older attempts of the slot
+    /// are superseded from now on.
+    pub fn note_attempt(&self, node: &LogicalNodeId, attempt: NodeAttemptId) {
+        let mut latest = self
+            .inner
+            .latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let entry = latest.entry(node.clone()).or_insert(attempt);
+        if *entry < attempt {
+            *entry = attempt;
+        }
+    }
+
+    /// Whether `attempt` of `node` is older than the newest attempt seen.
+    pub fn is_superseded(&self, node: &LogicalNodeId, attempt: NodeAttemptId) -> bool {
+        self.inner
+            .latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(node)
+            .is_some_and(|latest| attempt < *latest)
+    }
+
+    /// Reports a fact. Returns `false` when it was dropped because its
+    /// attempt is superseded.
+    pub fn report(&self, observation: Observation) -> bool {
+        if self.is_superseded(observation.node(), observation.attempt()) {
+            self.inner.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.inner.delivered.fetch_add(1, Ordering::Relaxed);
+        (self.inner.deliver)(observation);
+        true
+    }
+
+    /// Reports a bootstrap event of `key`.
+    pub fn bootstrap(&self, key: &AttemptKey, event: BootstrapEvent) -> bool {
+        self.report(Observation::Bootstrap {
+            node: key.node.clone(),
+            attempt: key.attempt,
+            event,
+        })
+    }
+
+    /// Reports that the agent or lease of `key` is gone.
+    pub fn lost(&self, key: &AttemptKey, cause: LossCause) -> bool {
+        self.report(Observation::NodeLost {
+            node: key.node.clone(),
+            attempt: key.attempt,
+            cause,
+        })
+    }
+
+    /// Facts handed on so far.
+    pub fn delivered_count(&self) -> u64 {
+        self.inner.delivered.load(Ordering::Relaxed)
+    }
+
+    /// Facts dropped as superseded so far.
+    pub fn dropped_count(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// An [`EffectBackend`] over one or more plugins, routed by the provider
+/// kind named in each operation's spec.
+pub struct PluginBackendAdapter {
+    plugins: BTreeMap<String, Arc<dyn ProvisionPlugin>>,
+    sink: ObservationSink,
+}
+
+impl fmt::Debug for PluginBackendAdapter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PluginBackendAdapter")
+            .field("providers", &self.plugins.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Building an adapter failed.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum AdapterError {
+    /// Two plugins claim one provider kind.
+    #[error("two plugins serve provider kind {0:?}")]
+    DuplicateKind(String),
+}
+
+impl PluginBackendAdapter {
+    /// An adapter over `plugins`, each attached to `sink`.
+    ///
+    /// # Errors
+    /// [`AdapterError::DuplicateKind`] when two plugins serve one kind.
+    pub fn new(
+        plugins: impl IntoIterator<Item = Arc<dyn ProvisionPlugin>>,
+        sink: ObservationSink,
+    ) -> Result<Self, AdapterError> {
+        let mut map = BTreeMap::new();
+        for plugin in plugins {
+            let kind = plugin.kind().to_owned();
+            if map.contains_key(&kind) {
+                return Err(AdapterError::DuplicateKind(kind));
+            }
+            plugin.attach(sink.clone());
+            map.insert(kind, plugin);
+        }
+        Ok(PluginBackendAdapter { plugins: map, sink })
+    }
+
+    /// An adapter over a single plugin.
+    pub fn single(plugin: Arc<dyn ProvisionPlugin>, sink: ObservationSink) -> Self {
+        plugin.attach(sink.clone());
+        let kind = plugin.kind().to_owned();
+        PluginBackendAdapter {
+            plugins: BTreeMap::from([(kind, plugin)]),
+            sink,
+        }
+    }
+
+    /// The provider kinds served.
+    pub fn kinds(&self) -> impl Iterator<Item = &str> {
+        self.plugins.keys().map(String::as_str)
+    }
+
+    /// The plugin serving `kind`.
+    pub fn plugin(&self, kind: &str) -> Option<&Arc<dyn ProvisionPlugin>> {
+        self.plugins.get(kind)
+    }
+
+    /// The sink the plugins report to.
+    pub fn sink(&self) -> &ObservationSink {
+        &self.sink
+    }
+
+    async fn run(&self, operation: &Operation) -> Result<EffectOutput, EffectError> {
+        let kind = operation.spec.template().provider.as_str();
+        let plugin = self
+            .plugins
+            .get(kind)
+            .ok_or_else(|| EffectError::definite(format!("no plugin serves provider {kind:?}")))?;
+        let key = AttemptKey::of(operation);
+        self.sink.note_attempt(&key.node, key.attempt);
+        let absent_is_success = matches!(
+            operation.request,
+            EffectRequest::CancelBootstrap { .. } | EffectRequest::DestroyLease { .. }
+        );
+        let outcome = match &operation.request {
+            EffectRequest::CreateLease => {
+                plugin
+                    .create_node(&key, &operation.spec)
+                    .await
+                    .map(|lease| EffectOutput::LeaseCreated {
+                        lease: lease.lease,
+                        endpoint: lease.endpoint,
+                        adopted: lease.adopted,
+                    })
+            }
+            EffectRequest::LookupEndpoint { lease } => plugin
+                .lookup_endpoint(&key, lease)
+                .await
+                .map(EffectOutput::Endpoint),
+            EffectRequest::StartBootstrap { lease, endpoint } => {
+                let request = BootstrapRequest {
+                    spec: operation.spec.clone(),
+                    lease: lease.clone(),
+                    endpoint: endpoint.clone(),
+                };
+                plugin.start_bootstrap(&key, &request).await.map(|s| {
+                    EffectOutput::BootstrapStarted {
+                        session: s.session,
+                        adopted: s.adopted,
+                    }
+                })
+            }
+            EffectRequest::BootstrapConvergenceObserved { session } => plugin
+                .complete_bootstrap(&key, session.as_ref())
+                .await
+                .map(|()| EffectOutput::ConvergenceAcknowledged),
+            EffectRequest::CancelBootstrap { session } => plugin
+                .cancel_bootstrap(&key, session.as_ref())
+                .await
+                .map(|()| EffectOutput::BootstrapCancelled),
+            EffectRequest::DestroyLease { lease } => plugin
+                .destroy_node(&key, lease)
+                .await
+                .map(|()| EffectOutput::LeaseDestroyed),
+        };
+        match outcome {
+            Ok(output) => Ok(output),
+            Err(PluginError::NotFound(_)) if absent_is_success => Ok(match operation.request {
+                EffectRequest::CancelBootstrap { .. } => EffectOutput::BootstrapCancelled,
+                _ => EffectOutput::LeaseDestroyed,
+            }),
+            Err(PluginError::NotFound(message))
+                if matches!(operation.request, EffectRequest::CreateLease) =>
+            {
+                Err(EffectError::definite(format!("not found: {message}")))
+            }
+            Err(PluginError::NotFound(message)) => {
+                // The node this call needed is gone: the attempt is lost.
+                self.sink.lost(&key, LossCause::LeaseGone);
+                Err(EffectError::definite(format!("not found: {message}")))
+            }
+            Err(PluginError::Definite(message)) => Err(EffectError::definite(message)),
+            Err(PluginError::Ambiguous(message)) => Err(EffectError::ambiguous(message)),
+        }
+    }
+}
+
+impl EffectBackend for PluginBackendAdapter {
+    fn execute<'a>(
+        &'a self,
+        operation: &'a Operation,
+    ) -> BoxFuture<'a, Result<EffectOutput, EffectError>> {
+        Box::pin(self.run(operation))
+    }
+}

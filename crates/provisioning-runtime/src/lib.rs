@@ -1,0 +1,1 @@
+//! Tokio host for `provisioning` (work in progress).

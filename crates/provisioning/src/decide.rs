@@ -1,0 +1,350 @@
+//! The pure decider: one step per node from `(observed, desired, now)`.
+//!
+//! [`reconcile_node`] implements the per-node ladder of the specification
+//! (section 5) row by row; [`reconcile`] applies it to every slot and
+//! collects a [`Plan`]. Neither looks at which event caused the pass, reads a
+//! clock or mutates its inputs.
+
+use std::cmp::Ordering;
+
+use crate::effect::EffectKind;
+use crate::id::{Generation, LogicalNodeId};
+use crate::shape::{DesiredState, LogicalNodeSpec};
+use crate::state::{ClusterState, Intent, ManagedNode, NodeStage, SessionState};
+use crate::time::Timestamp;
+
+/// The ladder row that produced a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Rule {
+    /// A desired slot has no node: insert one.
+    Insert,
+    /// Row 1: destroyed and undesired.
+    Reap,
+    /// Row 2: destroyed, desired and the restart is due.
+    Restart,
+    /// Row 3: destroyed, restart not due yet.
+    AwaitRestart,
+    /// Row 4: active and undesired, drifted or failed.
+    BeginDelete,
+    /// Row 5: an operation is pending.
+    AwaitOperation,
+    /// Rows 6–9, precondition: the stored backoff of a deleting node is not due.
+    AwaitCleanupBackoff,
+    /// Row 6: deleting with an ambiguous create/start remembered.
+    ReissueAmbiguous,
+    /// Row 7: deleting with an active bootstrap session.
+    CancelBootstrap,
+    /// Row 8: deleting with a live lease.
+    DestroyLease,
+    /// Row 9: deleting and nothing left.
+    MarkDestroyed,
+    /// Row 10: backoff not due.
+    AwaitBackoff,
+    /// Row 11: ready steady state.
+    Steady,
+    /// Row 12: no lease.
+    CreateLease,
+    /// Row 13: a lease without endpoint.
+    LookupEndpoint,
+    /// Row 14: joined with a live session, convergence not yet reported.
+    ObserveConvergence,
+    /// Row 15: bootstrap running; wait for stream events.
+    AwaitBootstrap,
+    /// Row 16: lease and endpoint, no session.
+    StartBootstrap,
+}
+
+impl Rule {
+    /// The row number in the specification's ladder (0 for `Insert`; 6 for the
+    /// cleanup-backoff precondition of rows 6–9).
+    pub fn row(self) -> u8 {
+        match self {
+            Rule::Insert => 0,
+            Rule::Reap => 1,
+            Rule::Restart => 2,
+            Rule::AwaitRestart => 3,
+            Rule::BeginDelete => 4,
+            Rule::AwaitOperation => 5,
+            Rule::AwaitCleanupBackoff | Rule::ReissueAmbiguous => 6,
+            Rule::CancelBootstrap => 7,
+            Rule::DestroyLease => 8,
+            Rule::MarkDestroyed => 9,
+            Rule::AwaitBackoff => 10,
+            Rule::Steady => 11,
+            Rule::CreateLease => 12,
+            Rule::LookupEndpoint => 13,
+            Rule::ObserveConvergence => 14,
+            Rule::AwaitBootstrap => 15,
+            Rule::StartBootstrap => 16,
+        }
+    }
+}
+
+/// What the driver does for one node in one pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeAction {
+    /// Nothing this pass.
+    None,
+    /// Create the node for a desired slot with a fresh attempt.
+    Insert,
+    /// Remove the destroyed node from the map.
+    Reap,
+    /// Replace the destroyed node with a fresh attempt of the latest spec.
+    Restart,
+    /// Switch the node to `Deleting`.
+    BeginDelete,
+    /// Record that cleanup finished.
+    MarkDestroyed,
+    /// Record an operation pending and submit it.
+    Dispatch(EffectKind),
+}
+
+impl NodeAction {
+    /// Whether the action is a driver transition (it completes the node's
+    /// step; the follow-on effect comes in a later pass).
+    pub fn is_transition(self) -> bool {
+        matches!(
+            self,
+            NodeAction::Insert
+                | NodeAction::Reap
+                | NodeAction::Restart
+                | NodeAction::BeginDelete
+                | NodeAction::MarkDestroyed
+        )
+    }
+}
+
+/// When a waiting node wants to be looked at again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Wake {
+    /// A stored retry, probe or restart deadline.
+    Timer(Timestamp),
+    /// The stored deadline of the pending operation; the host folds its
+    /// timeout (see [`crate::driver::ClusterDriver::pending_operations_due`]).
+    OperationDeadline(Timestamp),
+}
+
+impl Wake {
+    /// The instant.
+    pub fn at(self) -> Timestamp {
+        match self {
+            Wake::Timer(t) | Wake::OperationDeadline(t) => t,
+        }
+    }
+}
+
+/// The decision for one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeDecision {
+    /// The ladder row that matched.
+    pub rule: Rule,
+    /// What to do.
+    pub action: NodeAction,
+    /// When to look again if nothing else happens.
+    pub wake: Option<Wake>,
+}
+
+impl NodeDecision {
+    fn act(rule: Rule, action: NodeAction) -> Self {
+        NodeDecision {
+            rule,
+            action,
+            wake: None,
+        }
+    }
+
+    fn dispatch(rule: Rule, kind: EffectKind) -> Self {
+        NodeDecision::act(rule, NodeAction::Dispatch(kind))
+    }
+
+    fn wait(rule: Rule, wake: Option<Wake>) -> Self {
+        NodeDecision {
+            rule,
+            action: NodeAction::None,
+            wake,
+        }
+    }
+}
+
+fn due(at: Option<Timestamp>, now: Timestamp) -> bool {
+    at.is_none_or(|t| now.reached(t))
+}
+
+/// Decides the next step for one slot.
+///
+/// `node` is the managed node (if any) and `desired` the slot's desired spec
+/// (if the slot is desired). Returns `None` only when both are absent.
+pub fn reconcile_node(
+    node: Option<&ManagedNode>,
+    desired: Option<&LogicalNodeSpec>,
+    now: Timestamp,
+) -> Option<NodeDecision> {
+    let Some(node) = node else {
+        return desired.map(|_| NodeDecision::act(Rule::Insert, NodeAction::Insert));
+    };
+    let record = &node.record;
+    let retry = &node.retry;
+
+    if record.stage == NodeStage::Destroyed {
+        // Rows 1–3.
+        return Some(match desired {
+            None => NodeDecision::act(Rule::Reap, NodeAction::Reap),
+            Some(_) if due(retry.restart_at, now) => {
+                NodeDecision::act(Rule::Restart, NodeAction::Restart)
+            }
+            Some(_) => NodeDecision::wait(Rule::AwaitRestart, retry.restart_at.map(Wake::Timer)),
+        });
+    }
+
+    // Row 4.
+    if node.intent == Intent::Active {
+        let drifted = desired.is_none_or(|spec| *spec != node.spec);
+        if drifted || record.stage == NodeStage::Failed {
+            return Some(NodeDecision::act(
+                Rule::BeginDelete,
+                NodeAction::BeginDelete,
+            ));
+        }
+    }
+
+    // Row 5.
+    if let Some(pending) = &node.pending {
+        return Some(NodeDecision::wait(
+            Rule::AwaitOperation,
+            Some(Wake::OperationDeadline(pending.deadline)),
+        ));
+    }
+
+    if node.intent == Intent::Deleting {
+        // Rows 6–9, each behind the stored backoff.
+        if !due(retry.next_effect_at, now) {
+            return Some(NodeDecision::wait(
+                Rule::AwaitCleanupBackoff,
+                retry.next_effect_at.map(Wake::Timer),
+            ));
+        }
+        return Some(if let Some(ambiguous) = &retry.ambiguous {
+            NodeDecision::dispatch(Rule::ReissueAmbiguous, ambiguous.kind)
+        } else if record.session_active() {
+            NodeDecision::dispatch(Rule::CancelBootstrap, EffectKind::CancelBootstrap)
+        } else if record.lease.is_some() {
+            NodeDecision::dispatch(Rule::DestroyLease, EffectKind::DestroyLease)
+        } else {
+            NodeDecision::act(Rule::MarkDestroyed, NodeAction::MarkDestroyed)
+        });
+    }
+
+    // Row 10.
+    if !due(retry.next_effect_at, now) {
+        return Some(NodeDecision::wait(
+            Rule::AwaitBackoff,
+            retry.next_effect_at.map(Wake::Timer),
+        ));
+    }
+
+    // Row 11.
+    if record.ready && matches!(record.stage, NodeStage::HandedOff | NodeStage::Dormant) {
+        return Some(NodeDecision::wait(Rule::Steady, None));
+    }
+
+    // Rows 12–16.
+    Some(if record.lease.is_none() {
+        NodeDecision::dispatch(Rule::CreateLease, EffectKind::CreateLease)
+    } else if record.endpoint.is_none() {
+        NodeDecision::dispatch(Rule::LookupEndpoint, EffectKind::LookupEndpoint)
+    } else if let Some(session) = record
+        .bootstrap
+        .as_ref()
+        .filter(|b| b.state == SessionState::Active)
+    {
+        if record.stage == NodeStage::SwarmJoined && !session.convergence_observed {
+            NodeDecision::dispatch(
+                Rule::ObserveConvergence,
+                EffectKind::BootstrapConvergenceObserved,
+            )
+        } else {
+            NodeDecision::wait(Rule::AwaitBootstrap, None)
+        }
+    } else {
+        NodeDecision::dispatch(Rule::StartBootstrap, EffectKind::StartBootstrap)
+    })
+}
+
+/// One non-waiting step of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedAction {
+    /// The slot.
+    pub node: LogicalNodeId,
+    /// The ladder row.
+    pub rule: Rule,
+    /// The step.
+    pub action: NodeAction,
+}
+
+/// The outcome of a full pass of the decider.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The steps to take, in slot order.
+    pub actions: Vec<PlannedAction>,
+    /// The generation the plan evaluated.
+    pub observed_generation: Generation,
+    /// The earliest instant a waiting node wants to be looked at again.
+    pub requeue_at: Option<Timestamp>,
+}
+
+/// Decides the next step for every slot: the union of managed nodes and
+/// desired slots, visited in slot order.
+pub fn reconcile(state: &ClusterState, desired: &DesiredState, now: Timestamp) -> Plan {
+    let mut actions = Vec::new();
+    let mut requeue_at: Option<Timestamp> = None;
+    let mut visit =
+        |id: &LogicalNodeId, node: Option<&ManagedNode>, spec: Option<&LogicalNodeSpec>| {
+            let Some(decision) = reconcile_node(node, spec, now) else {
+                return;
+            };
+            if let Some(wake) = decision.wake {
+                requeue_at = Some(requeue_at.map_or(wake.at(), |t| t.min(wake.at())));
+            }
+            if decision.action != NodeAction::None {
+                actions.push(PlannedAction {
+                    node: id.clone(),
+                    rule: decision.rule,
+                    action: decision.action,
+                });
+            }
+        };
+
+    // Merge-join the two sorted sequences of slots.
+    let mut nodes = state.nodes.iter().peekable();
+    let mut specs = desired.specs().peekable();
+    loop {
+        let order = match (nodes.peek(), specs.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((id, _)), Some(spec)) => (*id).cmp(spec.id()),
+        };
+        match order {
+            Ordering::Less => {
+                if let Some((id, node)) = nodes.next() {
+                    visit(id, Some(node), None);
+                }
+            }
+            Ordering::Greater => {
+                if let Some(spec) = specs.next() {
+                    visit(spec.id(), None, Some(&spec));
+                }
+            }
+            Ordering::Equal => {
+                if let (Some((id, node)), Some(spec)) = (nodes.next(), specs.next()) {
+                    visit(id, Some(node), Some(&spec));
+                }
+            }
+        }
+    }
+    Plan {
+        actions,
+        observed_generation: desired.generation(),
+        requeue_at,
+    }
+}

@@ -1,0 +1,991 @@
+//! The driver: sole writer of [`ClusterState`].
+//!
+//! The driver behaves like a single-key workqueue. Triggers queue one pass;
+//! triggers while a pass is queued collapse; a trigger while a pass is open
+//! guarantees exactly one more pass. A pass asks the decider about the nodes
+//! that need it — nodes touched since the last pass and nodes whose stored
+//! deadline fell due, or every node when a full pass was requested — applies
+//! driver transitions, and records each operation pending *before* handing it
+//! to an [`OperationSink`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use thiserror::Error;
+
+use crate::decide::{NodeAction, NodeDecision, Wake, reconcile_node};
+use crate::effect::{EffectError, EffectKind, EffectRequest, ExecutorResult, Operation};
+use crate::id::{Generation, IdError, LogicalNodeId, NodeAttemptId, OperationId, RunId};
+use crate::observe::{
+    BootstrapRejection, FoldContext, Observation, fold_bootstrap, fold_loss, fold_operation,
+};
+use crate::policy::RetryPolicy;
+use crate::shape::{ClusterShape, DesiredState, ShapeError};
+use crate::state::{ClusterState, Intent, ManagedNode, NodeStage, PendingOperation, RetryState};
+use crate::time::{ClockSaturated, Timestamp};
+
+/// The most passes one [`ClusterDriver::drive_until_blocked`] call runs. A
+/// node needs at most four consecutive passes without outside input
+/// (mark destroyed, restart, dispatch); more means something keeps re-queueing.
+pub const MAX_PASSES_PER_DRIVE: u32 = 16;
+
+/// Where the driver hands recorded operations.
+///
+/// # Assumptions
+/// `submit` must not run the effect inline and feed its result back into the
+/// driver; results come back later through
+/// [`ClusterDriver::apply_executor_result`].
+pub trait OperationSink {
+    /// Submits an operation the driver recorded as pending.
+    ///
+    /// # Errors
+    /// A [`SubmitError`] when the operation was not accepted; the driver folds
+    /// it as a definite failure of the operation.
+    fn submit(&mut self, operation: Operation) -> Result<(), SubmitError>;
+
+    /// The attempt finished cleanup; its bookkeeping may be released.
+    fn attempt_retired(&mut self, attempt: NodeAttemptId) {
+        let _ = attempt;
+    }
+}
+
+/// Why a sink refused an operation.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum SubmitError {
+    /// The id was used before with a different input.
+    #[error("operation {0} was already submitted with a different input")]
+    ConflictingInput(OperationId),
+    /// A later operation of the same attempt was already submitted.
+    #[error("operation {0} is older than an operation already submitted for its attempt")]
+    Stale(OperationId),
+    /// The sink no longer accepts work.
+    #[error("the executor is shut down")]
+    Closed,
+}
+
+/// Why an observation or result was not folded. Nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum Rejection {
+    /// No node is managed for the slot.
+    #[error("no node {0} is managed")]
+    UnknownNode(LogicalNodeId),
+    /// The fact belongs to another attempt than the node's current one.
+    #[error("node {node}: fact of attempt {got} but the current attempt is {current}")]
+    StaleAttempt {
+        /// The slot.
+        node: LogicalNodeId,
+        /// The node's current attempt.
+        current: NodeAttemptId,
+        /// The attempt named by the fact.
+        got: NodeAttemptId,
+    },
+    /// The operation is not the node's pending operation (late or duplicate).
+    #[error("node {node}: operation {op} is not pending")]
+    NotPending {
+        /// The slot.
+        node: LogicalNodeId,
+        /// The operation.
+        op: OperationId,
+    },
+    /// A timeout was reported before the stored deadline.
+    #[error("operation {op} is not due before {deadline}")]
+    NotYetDue {
+        /// The operation.
+        op: OperationId,
+        /// Its stored deadline.
+        deadline: Timestamp,
+    },
+    /// The node is destroyed; nothing is folded into it.
+    #[error("node {0} is destroyed")]
+    Destroyed(LogicalNodeId),
+    /// A bootstrap event without a session to fold it into.
+    #[error("node {node}: {reason}")]
+    Bootstrap {
+        /// The slot.
+        node: LogicalNodeId,
+        /// Why.
+        reason: BootstrapRejection,
+    },
+}
+
+/// A problem with one node during a pass. The node was left unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum NodeError {
+    /// Attempt or sequence counters are exhausted.
+    #[error(transparent)]
+    Id(#[from] IdError),
+    /// A deadline did not fit the clock.
+    #[error(transparent)]
+    Clock(#[from] ClockSaturated),
+    /// The decider asked for an effect whose input is not known. This is a
+    /// bug in the decider and is reported instead of dispatching.
+    #[error("cannot build {kind}: {missing} is not known")]
+    MissingFact {
+        /// The effect.
+        kind: EffectKind,
+        /// The missing fact.
+        missing: &'static str,
+    },
+}
+
+/// Errors of the driver. Whenever one is returned, nothing changed, except
+/// for [`DriverError::NodeErrors`] (see there).
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum DriverError {
+    /// A desired shape named another run than the driver's.
+    #[error("the run cannot change: driver manages {expected}, shape names {got}")]
+    RunChanged {
+        /// The driver's run.
+        expected: RunId,
+        /// The run of the rejected shape.
+        got: RunId,
+    },
+    /// A desired shape had a lower generation than the current one.
+    #[error("generation {got} is lower than the current generation {current}")]
+    GenerationRegressed {
+        /// The current generation.
+        current: Generation,
+        /// The rejected generation.
+        got: Generation,
+    },
+    /// The content changed but the generation did not.
+    #[error("the shape changed without a generation bump (generation {generation})")]
+    ContentChangedWithoutGenerationBump {
+        /// The generation both shapes carry.
+        generation: Generation,
+    },
+    /// The shape failed validation.
+    #[error("invalid shape: {0}")]
+    InvalidShape(#[from] ShapeError),
+    /// A pass is open; passes do not nest and facts are not folded meanwhile.
+    #[error("a reconcile pass is already in progress")]
+    PassInProgress,
+    /// `finish_pass` without `begin_pass`.
+    #[error("no reconcile pass is open")]
+    NoPassOpen,
+    /// The observation or result was rejected.
+    #[error("rejected: {0}")]
+    Rejected(#[from] Rejection),
+    /// A deadline computed while folding did not fit the clock.
+    #[error(transparent)]
+    Clock(#[from] ClockSaturated),
+    /// Some nodes could not take their step; every other node's step was applied.
+    #[error("{} node(s) could not take their step; first: {}: {}", .0.len(), .0[0].0, .0[0].1)]
+    NodeErrors(Vec<(LogicalNodeId, NodeError)>),
+}
+
+/// The outcome of [`ClusterDriver::update_desired`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DesiredUpdate {
+    /// The same generation with identical content: nothing to do.
+    Unchanged,
+    /// A new generation was accepted and a pass queued.
+    Accepted,
+}
+
+/// An operation whose stored deadline has passed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueOperation {
+    /// The slot.
+    pub node: LogicalNodeId,
+    /// The operation.
+    pub op: OperationId,
+    /// Its stored deadline.
+    pub deadline: Timestamp,
+}
+
+/// A pass that was begun and not yet finished.
+#[derive(Debug)]
+#[must_use = "a begun pass must be finished"]
+pub struct PassPlan {
+    now: Timestamp,
+    decisions: Vec<(LogicalNodeId, NodeDecision)>,
+}
+
+impl PassPlan {
+    /// The instant the pass evaluates.
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    /// The decisions, in slot order, including waits.
+    pub fn decisions(&self) -> &[(LogicalNodeId, NodeDecision)] {
+        &self.decisions
+    }
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Nodes the decider looked at.
+    pub evaluated: usize,
+    /// Driver transitions applied.
+    pub transitions: usize,
+    /// Operations recorded pending and submitted.
+    pub dispatched: usize,
+    /// Submissions the sink refused (folded as failures).
+    pub refused: usize,
+}
+
+/// What [`ClusterDriver::drive_until_blocked`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriveReport {
+    /// Passes run.
+    pub passes: u32,
+    /// Operations dispatched over all passes.
+    pub dispatched: usize,
+    /// Whether a pass is still queued because the pass budget ran out.
+    pub budget_exhausted: bool,
+}
+
+/// Counters for operators and test kits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriverCounters {
+    /// Passes run.
+    pub passes: u64,
+    /// Node evaluations over all passes.
+    pub evaluations: u64,
+    /// Operations dispatched.
+    pub dispatched: u64,
+    /// Results, timeouts and observations folded.
+    pub folded: u64,
+    /// Results, timeouts and observations rejected.
+    pub rejected: u64,
+    /// Timeouts folded as ambiguous failures.
+    pub timeouts: u64,
+}
+
+#[derive(Debug)]
+enum PassStatus {
+    Idle { queued: bool },
+    Open { retrigger: bool },
+}
+
+/// Which nodes the next pass must look at, and when waiting nodes wake.
+#[derive(Debug, Default)]
+struct Schedule {
+    full: bool,
+    dirty: BTreeSet<LogicalNodeId>,
+    timer_of: BTreeMap<LogicalNodeId, Timestamp>,
+    timers: BTreeSet<(Timestamp, LogicalNodeId)>,
+    deadlines: BTreeSet<(Timestamp, LogicalNodeId)>,
+}
+
+impl Schedule {
+    fn set_timer(&mut self, node: &LogicalNodeId, at: Option<Timestamp>) {
+        let old = match at {
+            Some(at) => self.timer_of.insert(node.clone(), at),
+            None => self.timer_of.remove(node),
+        };
+        if old == at {
+            return;
+        }
+        if let Some(old) = old {
+            self.timers.remove(&(old, node.clone()));
+        }
+        if let Some(at) = at {
+            self.timers.insert((at, node.clone()));
+        }
+    }
+
+    fn forget(&mut self, node: &LogicalNodeId) {
+        self.set_timer(node, None);
+        self.dirty.remove(node);
+    }
+
+    fn next_timer(&self) -> Option<Timestamp> {
+        self.timers.first().map(|(t, _)| *t)
+    }
+}
+
+/// The sole writer of [`ClusterState`]: folds observations, runs passes and
+/// records operations pending before dispatch.
+#[derive(Debug)]
+pub struct ClusterDriver {
+    desired: DesiredState,
+    state: ClusterState,
+    policy: RetryPolicy,
+    schedule: Schedule,
+    status: PassStatus,
+    counters: DriverCounters,
+}
+
+impl ClusterDriver {
+    /// A driver for `run_id` with an empty desired shape at generation 0.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidShape`] when the run name is invalid.
+    pub fn new(run_id: RunId, policy: RetryPolicy) -> Result<Self, DriverError> {
+        let desired = ClusterShape::empty(run_id, Generation::default()).validate()?;
+        Ok(ClusterDriver::with_state(
+            desired,
+            ClusterState::default(),
+            policy,
+        ))
+    }
+
+    /// A driver that starts from an existing state (for example one a test
+    /// built by hand). A full pass is queued.
+    pub fn with_state(desired: DesiredState, state: ClusterState, policy: RetryPolicy) -> Self {
+        let mut driver = ClusterDriver {
+            desired,
+            state,
+            policy,
+            schedule: Schedule::default(),
+            status: PassStatus::Idle { queued: false },
+            counters: DriverCounters::default(),
+        };
+        let deadlines: Vec<_> = driver
+            .state
+            .nodes
+            .iter()
+            .filter_map(|(id, n)| n.pending.as_ref().map(|p| (p.deadline, id.clone())))
+            .collect();
+        driver.schedule.deadlines.extend(deadlines);
+        driver.trigger();
+        driver
+    }
+
+    /// The observed state.
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// The current desired state.
+    pub fn desired(&self) -> &DesiredState {
+        &self.desired
+    }
+
+    /// The run.
+    pub fn run_id(&self) -> &RunId {
+        self.desired.run_id()
+    }
+
+    /// The retry policy.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// Counters since the driver was made.
+    pub fn counters(&self) -> &DriverCounters {
+        &self.counters
+    }
+
+    /// Whether a pass is queued (or will follow the open one).
+    pub fn is_queued(&self) -> bool {
+        match self.status {
+            PassStatus::Idle { queued } => queued,
+            PassStatus::Open { retrigger } => retrigger,
+        }
+    }
+
+    /// Replaces the desired shape, enforcing the revision contract.
+    ///
+    /// # Errors
+    /// [`DriverError::RunChanged`], [`DriverError::GenerationRegressed`],
+    /// [`DriverError::ContentChangedWithoutGenerationBump`],
+    /// [`DriverError::InvalidShape`] or [`DriverError::PassInProgress`]; in
+    /// every case nothing changes.
+    pub fn update_desired(&mut self, shape: ClusterShape) -> Result<DesiredUpdate, DriverError> {
+        self.ensure_idle()?;
+        let current = self.desired.shape();
+        if shape.run_id != current.run_id {
+            return Err(DriverError::RunChanged {
+                expected: current.run_id.clone(),
+                got: shape.run_id,
+            });
+        }
+        if shape.generation < current.generation {
+            return Err(DriverError::GenerationRegressed {
+                current: current.generation,
+                got: shape.generation,
+            });
+        }
+        if shape.generation == current.generation {
+            return if shape.groups == current.groups {
+                Ok(DesiredUpdate::Unchanged)
+            } else {
+                Err(DriverError::ContentChangedWithoutGenerationBump {
+                    generation: shape.generation,
+                })
+            };
+        }
+        let desired = shape.validate()?;
+        let changed = !self.desired.changed_groups(&desired).is_empty();
+        self.desired = desired;
+        if changed {
+            self.schedule.full = true;
+        }
+        // The new generation must be observed even when no group changed.
+        self.request_pass();
+        Ok(DesiredUpdate::Accepted)
+    }
+
+    /// Queues a full pass over every node (the periodic safety net, or a
+    /// forced pass).
+    pub fn trigger(&mut self) {
+        self.schedule.full = true;
+        self.request_pass();
+    }
+
+    /// Queues a pass if a stored retry, probe or restart deadline is due.
+    /// Returns whether one was due.
+    pub fn trigger_if_due(&mut self, now: Timestamp) -> bool {
+        let due = self.schedule.next_timer().is_some_and(|t| now.reached(t));
+        if due {
+            self.request_pass();
+        }
+        due
+    }
+
+    /// The earliest stored deadline: a timer of a waiting node or the
+    /// deadline of a pending operation. The host arms one timer at it.
+    ///
+    /// While an operation's deadline has passed and its timeout is not
+    /// folded yet, this stays in the past.
+    pub fn requeue_at(&self) -> Option<Timestamp> {
+        let timer = self.schedule.next_timer();
+        let deadline = self.schedule.deadlines.first().map(|(t, _)| *t);
+        match (timer, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Operations whose stored deadline is at or before `now`.
+    pub fn pending_operations_due(&self, now: Timestamp) -> Vec<DueOperation> {
+        self.schedule
+            .deadlines
+            .iter()
+            .take_while(|(deadline, _)| now.reached(*deadline))
+            .filter_map(|(deadline, id)| {
+                let pending = self.state.nodes.get(id)?.pending.as_ref()?;
+                Some(DueOperation {
+                    node: id.clone(),
+                    op: pending.id,
+                    deadline: *deadline,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the cluster is converged for the current generation: every
+    /// desired slot holds exactly the desired spec, ready, active and with no
+    /// pending operation, and no other node remains.
+    pub fn is_converged(&self) -> bool {
+        if self.state.observed_generation != Some(self.desired.generation()) {
+            return false;
+        }
+        let desired_count = self.desired.node_count();
+        if u64::try_from(self.state.nodes.len()).ok() != Some(desired_count) {
+            return false;
+        }
+        self.desired.specs().all(|spec| {
+            self.state
+                .nodes
+                .get(spec.id())
+                .is_some_and(|node| node.spec == spec && node.is_ready() && node.pending.is_none())
+        })
+    }
+
+    fn ensure_idle(&self) -> Result<(), DriverError> {
+        match self.status {
+            PassStatus::Idle { .. } => Ok(()),
+            PassStatus::Open { .. } => Err(DriverError::PassInProgress),
+        }
+    }
+
+    fn request_pass(&mut self) {
+        match &mut self.status {
+            PassStatus::Idle { queued } => *queued = true,
+            PassStatus::Open { retrigger } => *retrigger = true,
+        }
+    }
+
+    fn touch(&mut self, node: &LogicalNodeId) {
+        self.schedule.dirty.insert(node.clone());
+        self.request_pass();
+    }
+
+    fn fold_context(&self, node: &ManagedNode, now: Timestamp) -> FoldContext<'_> {
+        FoldContext {
+            policy: &self.policy,
+            now,
+            spec_is_desired: self
+                .desired
+                .spec(node.spec.id())
+                .is_some_and(|spec| spec == node.spec),
+        }
+    }
+
+    /// Looks up the node a fact is about and checks the attempt.
+    fn node_for_fact(
+        &self,
+        node: &LogicalNodeId,
+        attempt: NodeAttemptId,
+    ) -> Result<&ManagedNode, Rejection> {
+        let managed = self
+            .state
+            .nodes
+            .get(node)
+            .ok_or_else(|| Rejection::UnknownNode(node.clone()))?;
+        if managed.attempt != attempt {
+            return Err(Rejection::StaleAttempt {
+                node: node.clone(),
+                current: managed.attempt,
+                got: attempt,
+            });
+        }
+        if managed.record.stage == NodeStage::Destroyed {
+            return Err(Rejection::Destroyed(node.clone()));
+        }
+        Ok(managed)
+    }
+
+    fn check_pending(
+        &self,
+        node: &LogicalNodeId,
+        op: OperationId,
+    ) -> Result<&PendingOperation, Rejection> {
+        let managed = self.node_for_fact(node, op.attempt())?;
+        managed
+            .pending
+            .as_ref()
+            .filter(|p| p.id == op)
+            .ok_or_else(|| Rejection::NotPending {
+                node: node.clone(),
+                op,
+            })
+    }
+
+    fn count<T>(&mut self, result: Result<T, DriverError>) -> Result<T, DriverError> {
+        match &result {
+            Ok(_) => self.counters.folded += 1,
+            Err(DriverError::Rejected(_)) => self.counters.rejected += 1,
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// Folds the result of an operation.
+    ///
+    /// # Errors
+    /// [`DriverError::Rejected`] when the operation is not the node's pending
+    /// operation (late, duplicate, or of a superseded attempt);
+    /// [`DriverError::Clock`]; [`DriverError::PassInProgress`]. Nothing
+    /// changes on error.
+    pub fn apply_executor_result(
+        &mut self,
+        result: &ExecutorResult,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        let outcome = self.fold_result(&result.node, result.op, result.outcome.as_ref(), now);
+        self.count(outcome)
+    }
+
+    /// Folds the timeout of a pending operation as an ambiguous failure.
+    ///
+    /// # Errors
+    /// [`Rejection::NotYetDue`] before the stored deadline;
+    /// [`Rejection::NotPending`] when the operation is no longer pending (the
+    /// same timeout reported twice changes nothing); the errors of
+    /// [`ClusterDriver::apply_executor_result`].
+    pub fn operation_timed_out(
+        &mut self,
+        node: &LogicalNodeId,
+        op: OperationId,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        let outcome = self.fold_timeout(node, op, now);
+        if outcome.is_ok() {
+            self.counters.timeouts += 1;
+        }
+        self.count(outcome)
+    }
+
+    fn fold_timeout(
+        &mut self,
+        node: &LogicalNodeId,
+        op: OperationId,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        self.ensure_idle()?;
+        let deadline = self.check_pending(node, op)?.deadline;
+        if !now.reached(deadline) {
+            return Err(Rejection::NotYetDue { op, deadline }.into());
+        }
+        let error = EffectError::timed_out();
+        self.fold_result(node, op, Err(&error), now)
+    }
+
+    fn fold_result(
+        &mut self,
+        node_id: &LogicalNodeId,
+        op: OperationId,
+        outcome: Result<&crate::effect::EffectOutput, &EffectError>,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        self.ensure_idle()?;
+        let pending = self.check_pending(node_id, op)?.clone();
+        let node = self
+            .state
+            .nodes
+            .get(node_id)
+            .ok_or_else(|| Rejection::UnknownNode(node_id.clone()))?;
+        let mut next = node.clone();
+        fold_operation(
+            &mut next,
+            op,
+            pending.kind,
+            outcome,
+            &self.fold_context(node, now),
+        )?;
+        self.schedule
+            .deadlines
+            .remove(&(pending.deadline, node_id.clone()));
+        self.state.nodes.insert(node_id.clone(), next);
+        self.touch(node_id);
+        Ok(())
+    }
+
+    /// Folds an asynchronous fact about an attempt.
+    ///
+    /// # Errors
+    /// [`DriverError::Rejected`] for a fact of another attempt, an unknown or
+    /// destroyed node, or a bootstrap event without a session;
+    /// [`DriverError::Clock`]; [`DriverError::PassInProgress`]. Nothing
+    /// changes on error.
+    pub fn apply_observation(
+        &mut self,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        let outcome = self.fold_observation(observation, now);
+        self.count(outcome)
+    }
+
+    fn fold_observation(
+        &mut self,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        self.ensure_idle()?;
+        let node_id = observation.node();
+        let node = self.node_for_fact(node_id, observation.attempt())?;
+        let mut next = node.clone();
+        let ctx = self.fold_context(node, now);
+        match observation {
+            Observation::Bootstrap { event, .. } => {
+                fold_bootstrap(&mut next, event, &ctx)?.map_err(|reason| Rejection::Bootstrap {
+                    node: node_id.clone(),
+                    reason,
+                })?;
+            }
+            Observation::NodeLost { cause, .. } => fold_loss(&mut next, *cause, &ctx)?,
+        }
+        if next != *node {
+            self.state.nodes.insert(node_id.clone(), next);
+            self.touch(node_id);
+        }
+        Ok(())
+    }
+
+    /// Begins a pass at `now`: asks the decider about every node that needs
+    /// it and returns the decisions. Until [`ClusterDriver::finish_pass`],
+    /// facts are not folded and further passes are refused; triggers are
+    /// remembered and cause exactly one more pass.
+    ///
+    /// # Errors
+    /// [`DriverError::PassInProgress`] when a pass is already open.
+    pub fn begin_pass(&mut self, now: Timestamp) -> Result<PassPlan, DriverError> {
+        self.ensure_idle()?;
+        let selected = self.select_nodes(now);
+        let mut decisions = Vec::with_capacity(selected.len());
+        for id in selected {
+            let spec = self.desired.spec(&id);
+            if let Some(decision) = reconcile_node(self.state.nodes.get(&id), spec.as_ref(), now) {
+                decisions.push((id, decision));
+            }
+        }
+        self.status = PassStatus::Open { retrigger: false };
+        Ok(PassPlan { now, decisions })
+    }
+
+    fn select_nodes(&mut self, now: Timestamp) -> Vec<LogicalNodeId> {
+        let schedule = &mut self.schedule;
+        let dirty = std::mem::take(&mut schedule.dirty);
+        if std::mem::take(&mut schedule.full) {
+            let mut all: BTreeSet<LogicalNodeId> = self.state.nodes.keys().cloned().collect();
+            all.extend(self.desired.specs().map(|s| s.id().clone()));
+            return all.into_iter().collect();
+        }
+        let mut selected = dirty;
+        while let Some((at, _)) = schedule.timers.first() {
+            if !now.reached(*at) {
+                break;
+            }
+            if let Some((_, id)) = schedule.timers.pop_first() {
+                schedule.timer_of.remove(&id);
+                selected.insert(id);
+            }
+        }
+        selected.into_iter().collect()
+    }
+
+    /// Applies a begun pass: driver transitions, then each dispatch recorded
+    /// pending before it is submitted. A refused submission is folded as a
+    /// definite failure of the operation.
+    ///
+    /// # Errors
+    /// [`DriverError::NoPassOpen`]; [`DriverError::NodeErrors`] when some nodes
+    /// could not take their step (counter exhaustion, clock saturation) — all
+    /// other steps were applied and those nodes were left unchanged.
+    pub fn finish_pass(
+        &mut self,
+        plan: PassPlan,
+        sink: &mut dyn OperationSink,
+    ) -> Result<PassReport, DriverError> {
+        if !matches!(self.status, PassStatus::Open { .. }) {
+            return Err(DriverError::NoPassOpen);
+        }
+        let now = plan.now;
+        let mut report = PassReport {
+            evaluated: plan.decisions.len(),
+            ..PassReport::default()
+        };
+        let mut errors = Vec::new();
+        for (id, decision) in plan.decisions {
+            let timer = match decision.wake {
+                Some(Wake::Timer(at)) => Some(at),
+                _ => None,
+            };
+            self.schedule.set_timer(&id, timer);
+            let applied = match decision.action {
+                NodeAction::None => Ok(()),
+                NodeAction::Dispatch(kind) => self.dispatch(&id, kind, now, sink, &mut report),
+                action => {
+                    report.transitions += 1;
+                    self.transition(&id, action, now, sink)
+                }
+            };
+            if let Err(error) = applied {
+                errors.push((id, error));
+            }
+        }
+        let generation = self.desired.generation();
+        if self.state.observed_generation < Some(generation) {
+            self.state.observed_generation = Some(generation);
+        }
+        let retrigger = matches!(self.status, PassStatus::Open { retrigger: true });
+        self.status = PassStatus::Idle { queued: retrigger };
+        self.counters.passes += 1;
+        self.counters.evaluations += report.evaluated as u64;
+        self.counters.dispatched += report.dispatched as u64;
+        if errors.is_empty() {
+            Ok(report)
+        } else {
+            Err(DriverError::NodeErrors(errors))
+        }
+    }
+
+    fn transition(
+        &mut self,
+        id: &LogicalNodeId,
+        action: NodeAction,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+    ) -> Result<(), NodeError> {
+        match action {
+            NodeAction::Insert | NodeAction::Restart => {
+                let Some(spec) = self.desired.spec(id) else {
+                    return Ok(());
+                };
+                let retry = RetryState {
+                    consecutive_failures: self
+                        .state
+                        .nodes
+                        .get(id)
+                        .map_or(0, |n| n.retry.consecutive_failures),
+                    ..RetryState::default()
+                };
+                let attempt = self.state.attempts.allocate()?;
+                self.state
+                    .nodes
+                    .insert(id.clone(), ManagedNode::new(spec, attempt, retry));
+            }
+            NodeAction::Reap => {
+                self.state.nodes.remove(id);
+                self.schedule.forget(id);
+                return Ok(());
+            }
+            NodeAction::BeginDelete => {
+                if let Some(node) = self.state.nodes.get_mut(id) {
+                    node.intent = Intent::Deleting;
+                    node.record.ready = false;
+                    if node.retry.ambiguous.is_none() {
+                        node.retry.next_effect_at = None;
+                    }
+                }
+            }
+            NodeAction::MarkDestroyed => {
+                if let Some(node) = self.state.nodes.get_mut(id) {
+                    node.record.stage = NodeStage::Destroyed;
+                    node.record.destroyed_at = Some(now);
+                    node.record.ready = false;
+                    node.record.endpoint = None;
+                    node.retry.next_effect_at = None;
+                    sink.attempt_retired(node.attempt);
+                }
+            }
+            NodeAction::None | NodeAction::Dispatch(_) => return Ok(()),
+        }
+        self.touch(id);
+        Ok(())
+    }
+
+    fn dispatch(
+        &mut self,
+        id: &LogicalNodeId,
+        kind: EffectKind,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+        report: &mut PassReport,
+    ) -> Result<(), NodeError> {
+        let run_id = self.desired.run_id().clone();
+        let timeout = self.policy.operation_timeout;
+        let Some(node) = self.state.nodes.get_mut(id) else {
+            return Ok(());
+        };
+        let request = build_request(node, kind)?;
+        let deadline = now.checked_add(timeout)?;
+        let sequence = node.next_sequence;
+        let next_sequence = sequence.next()?;
+        let op = OperationId::new(node.attempt, sequence);
+        node.next_sequence = next_sequence;
+        node.pending = Some(PendingOperation {
+            id: op,
+            kind,
+            dispatched_at: now,
+            deadline,
+        });
+        if kind == EffectKind::CreateLease && node.record.stage == NodeStage::New {
+            node.record.stage = NodeStage::LeaseRequested;
+        }
+        self.schedule.deadlines.insert((deadline, id.clone()));
+        report.dispatched += 1;
+        let operation = Operation {
+            id: op,
+            run_id,
+            node: id.clone(),
+            spec: node.spec.clone(),
+            request,
+        };
+        if let Err(refused) = sink.submit(operation) {
+            report.refused += 1;
+            let error = EffectError::definite(format!("submission refused: {refused}"));
+            // The status is open, so this fold cannot be refused for that
+            // reason; fold directly and remember to pass again.
+            let node = self
+                .state
+                .nodes
+                .get(id)
+                .ok_or_else(|| NodeError::MissingFact {
+                    kind,
+                    missing: "node",
+                })?;
+            let mut next = node.clone();
+            fold_operation(
+                &mut next,
+                op,
+                kind,
+                Err(&error),
+                &self.fold_context(node, now),
+            )?;
+            self.schedule.deadlines.remove(&(deadline, id.clone()));
+            self.state.nodes.insert(id.clone(), next);
+            self.touch(id);
+        }
+        Ok(())
+    }
+
+    /// Runs one pass if one is queued.
+    ///
+    /// # Errors
+    /// The errors of [`ClusterDriver::begin_pass`] and
+    /// [`ClusterDriver::finish_pass`].
+    pub fn drive_next(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+    ) -> Result<Option<PassReport>, DriverError> {
+        self.ensure_idle()?;
+        if !self.is_queued() {
+            return Ok(None);
+        }
+        self.status = PassStatus::Idle { queued: false };
+        let plan = self.begin_pass(now)?;
+        self.finish_pass(plan, sink).map(Some)
+    }
+
+    /// Queues a pass if a deadline is due, then runs passes until none is
+    /// queued, at most [`MAX_PASSES_PER_DRIVE`].
+    ///
+    /// # Errors
+    /// The first error of a pass; the passes before it were applied.
+    pub fn drive_until_blocked(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+    ) -> Result<DriveReport, DriverError> {
+        self.trigger_if_due(now);
+        let mut report = DriveReport::default();
+        while report.passes < MAX_PASSES_PER_DRIVE {
+            match self.drive_next(now, sink)? {
+                Some(pass) => {
+                    report.passes += 1;
+                    report.dispatched += pass.dispatched;
+                }
+                None => return Ok(report),
+            }
+        }
+        report.budget_exhausted = self.is_queued();
+        Ok(report)
+    }
+}
+
+fn build_request(node: &ManagedNode, kind: EffectKind) -> Result<EffectRequest, NodeError> {
+    let missing = |what| NodeError::MissingFact {
+        kind,
+        missing: what,
+    };
+    let lease = || {
+        node.record
+            .lease
+            .as_ref()
+            .map(|l| l.lease.clone())
+            .ok_or_else(|| missing("lease"))
+    };
+    let session = || {
+        node.record
+            .bootstrap
+            .as_ref()
+            .and_then(|b| b.session.clone())
+    };
+    Ok(match kind {
+        EffectKind::CreateLease => EffectRequest::CreateLease,
+        EffectKind::LookupEndpoint => EffectRequest::LookupEndpoint { lease: lease()? },
+        EffectKind::StartBootstrap => EffectRequest::StartBootstrap {
+            lease: lease()?,
+            endpoint: node
+                .record
+                .endpoint
+                .as_ref()
+                .map(|e| e.endpoint.clone())
+                .ok_or_else(|| missing("endpoint"))?,
+        },
+        EffectKind::BootstrapConvergenceObserved => {
+            EffectRequest::BootstrapConvergenceObserved { session: session() }
+        }
+        EffectKind::CancelBootstrap => EffectRequest::CancelBootstrap { session: session() },
+        EffectKind::DestroyLease => EffectRequest::DestroyLease { lease: lease()? },
+    })
+}

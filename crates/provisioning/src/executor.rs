@@ -1,0 +1,473 @@
+//! The executor: runs provider effects off the pass, deduplicated by
+//! [`OperationId`].
+//!
+//! # Ledger rules
+//! - Submitting an operation that already completed replays its result.
+//! - Submitting an id again with a different input is refused.
+//! - At most one operation runs per attempt. An operation submitted while an
+//!   older one of its attempt is still physically running (typically one that
+//!   expired) waits behind it; the older one's late result is dropped.
+//! - A backend panic becomes a definite error.
+//! - [`IdempotentEffectExecutor::expire`] turns a running or waiting operation
+//!   into an ambiguous timeout; its late completion is dropped, never reported.
+//!
+//! # Ownership
+//! The executor is the only strong owner of the backend. A spawned task holds
+//! a weak handle until it starts, the shared ledger holds no task, spawner or
+//! backend, and no task holds the spawner — so dropping the executor releases
+//! the backend even while work is still queued in the spawner.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use futures_channel::oneshot;
+use futures_util::FutureExt;
+
+use crate::driver::{OperationSink, SubmitError};
+use crate::effect::{EffectError, EffectOutput, ExecutorResult, Operation};
+use crate::id::{NodeAttemptId, OperationId, OperationSequence};
+use crate::spawn::{BoxFuture, Spawner};
+
+/// Where provider I/O happens.
+///
+/// # Assumptions
+/// - Requests are keyed by `(run, node, attempt)`. A create or bootstrap start
+///   adopts an existing resource of its key before creating one, so running
+///   it twice is harmless.
+/// - Cancel and destroy treat "already absent" as success.
+/// - A [`crate::effect::Disposition::Definite`] error means the call left
+///   nothing behind for its key; when in doubt, report an ambiguous error.
+pub trait EffectBackend: Send + Sync + 'static {
+    /// Performs one effect.
+    fn execute<'a>(
+        &'a self,
+        operation: &'a Operation,
+    ) -> BoxFuture<'a, Result<EffectOutput, EffectError>>;
+}
+
+/// How [`IdempotentEffectExecutor::submit`] handled an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Submitted {
+    /// Handed to the spawner; it runs now.
+    Started,
+    /// Handed to the spawner; it runs once the attempt's older operation ends.
+    Queued,
+    /// The same operation is already running or waiting.
+    AlreadyRunning,
+    /// The operation completed before; its result was queued again.
+    Replayed,
+}
+
+/// Counters for tests and operators.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecutorCounters {
+    /// Operations whose backend call started.
+    pub started: u64,
+    /// Results reported.
+    pub completed: u64,
+    /// Completed results replayed for a repeated submission.
+    pub replayed: u64,
+    /// Operations expired as ambiguous.
+    pub expired: u64,
+    /// Late completions dropped after expiry or supersession.
+    pub late_dropped: u64,
+    /// Backend panics turned into definite errors.
+    pub panics: u64,
+    /// Operations that waited behind an older one of their attempt.
+    pub waited: u64,
+}
+
+struct Running {
+    op: Operation,
+    /// Set once the operation expired or was superseded: its late result is
+    /// dropped.
+    expired: bool,
+    /// Gates of operations waiting behind this one.
+    gates: Vec<oneshot::Sender<()>>,
+}
+
+#[derive(Default)]
+struct AttemptLedger {
+    highest: Option<OperationSequence>,
+    running: Option<Running>,
+    waiting: Option<Operation>,
+    completed: Option<(Operation, ExecutorResult)>,
+    retired: bool,
+}
+
+impl AttemptLedger {
+    fn idle(&self) -> bool {
+        self.running.is_none() && self.waiting.is_none()
+    }
+}
+
+#[derive(Default)]
+struct Ledger {
+    attempts: BTreeMap<NodeAttemptId, AttemptLedger>,
+    outbox: VecDeque<ExecutorResult>,
+    counters: ExecutorCounters,
+    closed: bool,
+}
+
+type Notify = Box<dyn Fn() + Send + Sync>;
+
+struct Shared {
+    ledger: Mutex<Ledger>,
+    notify: Option<Notify>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn notify(&self) {
+        if let Some(notify) = &self.notify {
+            notify();
+        }
+    }
+}
+
+/// Runs effects through an [`EffectBackend`], deduplicated by operation id.
+pub struct IdempotentEffectExecutor<B: EffectBackend + ?Sized> {
+    backend: Arc<B>,
+    spawner: Arc<dyn Spawner>,
+    shared: Arc<Shared>,
+}
+
+impl<B: EffectBackend + ?Sized> fmt::Debug for IdempotentEffectExecutor<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotentEffectExecutor")
+            .field("counters", &self.counters())
+            .finish_non_exhaustive()
+    }
+}
+
+fn result_of(op: &Operation, outcome: Result<EffectOutput, EffectError>) -> ExecutorResult {
+    ExecutorResult {
+        op: op.id,
+        node: op.node.clone(),
+        kind: op.kind(),
+        outcome,
+    }
+}
+
+impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
+    /// An executor over `backend` that hands work to `spawner`.
+    pub fn new(backend: Arc<B>, spawner: Arc<dyn Spawner>) -> Self {
+        IdempotentEffectExecutor::build(backend, spawner, None)
+    }
+
+    /// Like [`IdempotentEffectExecutor::new`], and calls `notify` (from the
+    /// task that finished) whenever a result is ready to be taken.
+    pub fn with_notify(
+        backend: Arc<B>,
+        spawner: Arc<dyn Spawner>,
+        notify: impl Fn() + Send + Sync + 'static,
+    ) -> Self {
+        IdempotentEffectExecutor::build(backend, spawner, Some(Box::new(notify)))
+    }
+
+    fn build(backend: Arc<B>, spawner: Arc<dyn Spawner>, notify: Option<Notify>) -> Self {
+        IdempotentEffectExecutor {
+            backend,
+            spawner,
+            shared: Arc::new(Shared {
+                ledger: Mutex::new(Ledger::default()),
+                notify,
+            }),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    /// Counters since the executor was made.
+    pub fn counters(&self) -> ExecutorCounters {
+        self.shared.lock().counters.clone()
+    }
+
+    /// Takes the results reported since the last call, in completion order.
+    pub fn take_results(&self) -> Vec<ExecutorResult> {
+        self.shared.lock().outbox.drain(..).collect()
+    }
+
+    /// Whether any operation is running or waiting.
+    pub fn has_work(&self) -> bool {
+        self.shared.lock().attempts.values().any(|a| !a.idle())
+    }
+
+    /// Operations currently running or waiting, for status displays.
+    pub fn in_flight(&self) -> Vec<OperationId> {
+        let ledger = self.shared.lock();
+        let mut ids = Vec::new();
+        for attempt in ledger.attempts.values() {
+            ids.extend(attempt.running.as_ref().map(|r| r.op.id));
+            ids.extend(attempt.waiting.as_ref().map(|w| w.id));
+        }
+        ids
+    }
+
+    /// Submits an operation.
+    ///
+    /// # Errors
+    /// [`SubmitError::ConflictingInput`] when the id was used with another
+    /// input; [`SubmitError::Stale`] when a later operation of the attempt was
+    /// submitted already; [`SubmitError::Closed`] after [`Self::close`].
+    pub fn submit(&self, op: Operation) -> Result<Submitted, SubmitError> {
+        let mut ledger = self.shared.lock();
+        if ledger.closed {
+            return Err(SubmitError::Closed);
+        }
+        let Ledger {
+            attempts,
+            outbox,
+            counters,
+            ..
+        } = &mut *ledger;
+        let entry = attempts.entry(op.attempt()).or_default();
+
+        let same = |known: &Operation| -> Option<Result<(), SubmitError>> {
+            (known.id == op.id).then(|| {
+                if *known == op {
+                    Ok(())
+                } else {
+                    Err(SubmitError::ConflictingInput(op.id))
+                }
+            })
+        };
+        if let Some(verdict) = entry.running.as_ref().and_then(|r| same(&r.op)) {
+            return verdict.map(|()| Submitted::AlreadyRunning);
+        }
+        if let Some(verdict) = entry.waiting.as_ref().and_then(same) {
+            return verdict.map(|()| Submitted::AlreadyRunning);
+        }
+        if let Some((known, result)) = &entry.completed {
+            if let Some(verdict) = same(known) {
+                verdict?;
+                outbox.push_back(result.clone());
+                counters.replayed += 1;
+                drop(ledger);
+                self.shared.notify();
+                return Ok(Submitted::Replayed);
+            }
+        }
+        if entry.highest.is_some_and(|h| op.id.sequence() <= h) {
+            return Err(SubmitError::Stale(op.id));
+        }
+        entry.highest = Some(op.id.sequence());
+        entry.retired = false;
+
+        let gate = match &mut entry.running {
+            Some(older) => {
+                // The driver moved on from the older operation: whatever it
+                // reports now is late. This one waits until it really ends.
+                older.expired = true;
+                let (open, gate) = oneshot::channel();
+                older.gates.push(open);
+                entry.waiting = Some(op.clone());
+                counters.waited += 1;
+                Some(gate)
+            }
+            None => {
+                entry.running = Some(Running {
+                    op: op.clone(),
+                    expired: false,
+                    gates: Vec::new(),
+                });
+                None
+            }
+        };
+        drop(ledger);
+        let queued = gate.is_some();
+        let task = run_operation(
+            Arc::downgrade(&self.backend),
+            Arc::downgrade(&self.shared),
+            op,
+            gate,
+        );
+        self.spawner.spawn(Box::pin(task));
+        Ok(if queued {
+            Submitted::Queued
+        } else {
+            Submitted::Started
+        })
+    }
+
+    /// Expires a running or waiting operation: returns its ambiguous timeout
+    /// result for the caller to fold, and drops its late completion. Returns
+    /// `None` when the operation is not in flight (already completed or
+    /// unknown), so expiring twice reports once.
+    pub fn expire(&self, op: OperationId) -> Option<ExecutorResult> {
+        let mut ledger = self.shared.lock();
+        let Ledger {
+            attempts, counters, ..
+        } = &mut *ledger;
+        let entry = attempts.get_mut(&op.attempt())?;
+        let expired = if let Some(running) = entry.running.as_mut().filter(|r| r.op.id == op) {
+            if running.expired {
+                return None;
+            }
+            running.expired = true;
+            running.op.clone()
+        } else if entry.waiting.as_ref().is_some_and(|w| w.id == op) {
+            entry.waiting.take()?
+        } else {
+            return None;
+        };
+        let result = result_of(&expired, Err(EffectError::timed_out()));
+        entry.completed = Some((expired, result.clone()));
+        counters.expired += 1;
+        Some(result)
+    }
+
+    /// Releases the bookkeeping of an attempt that finished cleanup. An
+    /// operation still physically running keeps it until it ends.
+    pub fn retire(&self, attempt: NodeAttemptId) {
+        let mut ledger = self.shared.lock();
+        if let Some(entry) = ledger.attempts.get_mut(&attempt) {
+            if entry.idle() {
+                ledger.attempts.remove(&attempt);
+            } else {
+                entry.retired = true;
+            }
+        }
+    }
+
+    /// Refuses further submissions. Work already handed out still finishes.
+    pub fn close(&self) {
+        self.shared.lock().closed = true;
+    }
+}
+
+impl<B: EffectBackend + ?Sized> Drop for IdempotentEffectExecutor<B> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl<B: EffectBackend + ?Sized> OperationSink for IdempotentEffectExecutor<B> {
+    fn submit(&mut self, operation: Operation) -> Result<(), SubmitError> {
+        IdempotentEffectExecutor::submit(self, operation).map(|_| ())
+    }
+
+    fn attempt_retired(&mut self, attempt: NodeAttemptId) {
+        self.retire(attempt);
+    }
+}
+
+impl<B: EffectBackend + ?Sized> OperationSink for &IdempotentEffectExecutor<B> {
+    fn submit(&mut self, operation: Operation) -> Result<(), SubmitError> {
+        IdempotentEffectExecutor::submit(self, operation).map(|_| ())
+    }
+
+    fn attempt_retired(&mut self, attempt: NodeAttemptId) {
+        self.retire(attempt);
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "non-text panic payload".to_owned()
+    }
+}
+
+/// The task for one operation. It holds only weak handles, so a queued task
+/// keeps neither the backend nor the ledger alive.
+async fn run_operation<B: EffectBackend + ?Sized>(
+    backend: Weak<B>,
+    shared: Weak<Shared>,
+    op: Operation,
+    gate: Option<oneshot::Receiver<()>>,
+) {
+    if let Some(gate) = gate {
+        // A dropped sender also opens the gate: the older task is gone.
+        let _ = gate.await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let mut ledger = shared.lock();
+        let Some(entry) = ledger.attempts.get_mut(&op.attempt()) else {
+            return;
+        };
+        if entry.waiting.as_ref().is_none_or(|w| w.id != op.id) || entry.running.is_some() {
+            // Expired or superseded while waiting.
+            return;
+        }
+        entry.waiting = None;
+        entry.running = Some(Running {
+            op: op.clone(),
+            expired: false,
+            gates: Vec::new(),
+        });
+    }
+
+    let outcome = match backend.upgrade() {
+        Some(backend) => {
+            if let Some(shared) = shared.upgrade() {
+                shared.lock().counters.started += 1;
+            }
+            let call = AssertUnwindSafe(async { backend.execute(&op).await })
+                .catch_unwind()
+                .await;
+            drop(backend);
+            call.map_err(|payload| {
+                if let Some(shared) = shared.upgrade() {
+                    shared.lock().counters.panics += 1;
+                }
+                EffectError::definite(format!("backend panicked: {}", panic_message(&*payload)))
+            })
+            .and_then(|outcome| outcome)
+        }
+        None => Err(EffectError::definite("the executor was dropped")),
+    };
+    finish(&shared, &op, outcome);
+}
+
+fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, EffectError>) {
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    let mut ledger = shared.lock();
+    let Ledger {
+        attempts,
+        outbox,
+        counters,
+        ..
+    } = &mut *ledger;
+    let Some(entry) = attempts.get_mut(&op.attempt()) else {
+        return;
+    };
+    let Some(running) = entry.running.take_if(|r| r.op.id == op.id) else {
+        return;
+    };
+    let mut reported = false;
+    if running.expired {
+        // The driver already folded a timeout (or moved on): drop the result.
+        counters.late_dropped += 1;
+    } else {
+        let result = result_of(op, outcome);
+        entry.completed = Some((op.clone(), result.clone()));
+        outbox.push_back(result);
+        counters.completed += 1;
+        reported = true;
+    }
+    for gate in running.gates {
+        let _ = gate.send(());
+    }
+    if entry.retired && entry.idle() {
+        attempts.remove(&op.attempt());
+    }
+    drop(ledger);
+    if reported {
+        shared.notify();
+    }
+}

@@ -1,0 +1,440 @@
+//! Observations and how they fold into a node's record.
+//!
+//! Folding is the only place where lifecycle facts change. It computes every
+//! deadline once, from the `now` of the observation, and stores it; the
+//! decider only reads stored deadlines. The functions here work on a copy of
+//! the node so that an error (a saturated clock) leaves the real node untouched.
+
+use std::fmt;
+
+use crate::effect::{EffectError, EffectKind, EffectOutput, EndpointLookup};
+use crate::id::{LogicalNodeId, NodeAttemptId, OperationId};
+use crate::policy::RetryPolicy;
+use crate::state::{
+    AmbiguousOperation, BootstrapFacts, BootstrapFailure, BootstrapProgress, BootstrapStage,
+    EndpointFacts, FailureFacts, Intent, LeaseFacts, ManagedNode, NodeStage, SessionState,
+    SwarmJoinFacts,
+};
+use crate::time::{ClockSaturated, Timestamp};
+
+/// An asynchronous fact about one attempt, reported by a provider or the swarm.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observation {
+    /// An event of the attempt's bootstrap session.
+    Bootstrap {
+        /// The slot.
+        node: LogicalNodeId,
+        /// The attempt the event was produced for.
+        attempt: NodeAttemptId,
+        /// What happened.
+        event: BootstrapEvent,
+    },
+    /// The attempt's agent or lease disappeared.
+    NodeLost {
+        /// The slot.
+        node: LogicalNodeId,
+        /// The attempt that was lost.
+        attempt: NodeAttemptId,
+        /// What is gone.
+        cause: LossCause,
+    },
+}
+
+impl Observation {
+    /// The slot the observation is about.
+    pub fn node(&self) -> &LogicalNodeId {
+        match self {
+            Observation::Bootstrap { node, .. } | Observation::NodeLost { node, .. } => node,
+        }
+    }
+
+    /// The attempt the observation is about.
+    pub fn attempt(&self) -> NodeAttemptId {
+        match self {
+            Observation::Bootstrap { attempt, .. } | Observation::NodeLost { attempt, .. } => {
+                *attempt
+            }
+        }
+    }
+}
+
+/// One event of a bootstrap session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BootstrapEvent {
+    /// The session made progress.
+    Progress(BootstrapProgress),
+    /// The node's agent joined the run's swarm.
+    Joined,
+    /// The stream reported convergence.
+    Converged,
+    /// The session closed. After a join this is the handoff.
+    Closed,
+    /// The session failed at the given stage.
+    Failed {
+        /// The failing stage.
+        failure: BootstrapFailure,
+        /// What went wrong, for operators.
+        detail: String,
+    },
+}
+
+/// What disappeared from a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LossCause {
+    /// The agent's swarm connection or process is gone.
+    AgentGone,
+    /// The provider reports that the lease no longer exists.
+    LeaseGone,
+}
+
+impl fmt::Display for LossCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LossCause::AgentGone => "the node's agent is gone",
+            LossCause::LeaseGone => "the node's lease is gone",
+        })
+    }
+}
+
+/// What a fold needs besides the node.
+pub(crate) struct FoldContext<'a> {
+    pub(crate) policy: &'a RetryPolicy,
+    pub(crate) now: Timestamp,
+    /// Whether the node's spec equals the desired spec of its slot.
+    pub(crate) spec_is_desired: bool,
+}
+
+impl FoldContext<'_> {
+    fn after(&self, delay: std::time::Duration) -> Result<Timestamp, ClockSaturated> {
+        self.now.checked_add(delay)
+    }
+
+    fn backoff_deadline(&self, node: &ManagedNode) -> Result<Timestamp, ClockSaturated> {
+        self.after(
+            self.policy
+                .backoff(node.retry.consecutive_failures, node.attempt),
+        )
+    }
+}
+
+/// Folds the outcome of the node's pending operation `op` of kind `kind`.
+/// The caller checked that `op` is pending; this clears it.
+pub(crate) fn fold_operation(
+    node: &mut ManagedNode,
+    op: OperationId,
+    kind: EffectKind,
+    outcome: Result<&EffectOutput, &EffectError>,
+    ctx: &FoldContext<'_>,
+) -> Result<(), ClockSaturated> {
+    node.pending = None;
+    match outcome {
+        Ok(output) if output.kind() == kind => fold_success(node, output, ctx),
+        Ok(output) => {
+            // A backend that answers the wrong question may still have acted.
+            let error = EffectError::ambiguous(format!(
+                "backend answered {} to a {} request",
+                output.kind(),
+                kind
+            ));
+            fold_failure(node, op, kind, &error, ctx)
+        }
+        Err(error) => fold_failure(node, op, kind, error, ctx),
+    }
+}
+
+fn clear_ambiguous(node: &mut ManagedNode, kind: EffectKind) {
+    if node
+        .retry
+        .ambiguous
+        .as_ref()
+        .is_some_and(|a| a.kind == kind)
+    {
+        node.retry.ambiguous = None;
+    }
+}
+
+fn fold_success(
+    node: &mut ManagedNode,
+    output: &EffectOutput,
+    ctx: &FoldContext<'_>,
+) -> Result<(), ClockSaturated> {
+    let attempt = node.attempt;
+    let record = &mut node.record;
+    node.retry.next_effect_at = None;
+    match output {
+        EffectOutput::LeaseCreated {
+            lease,
+            endpoint,
+            adopted,
+        } => {
+            record.lease = Some(LeaseFacts {
+                attempt,
+                lease: lease.clone(),
+                observed_at: ctx.now,
+                adopted: *adopted,
+            });
+            if let Some(endpoint) = endpoint {
+                record.endpoint = Some(EndpointFacts {
+                    attempt,
+                    endpoint: endpoint.clone(),
+                    observed_at: ctx.now,
+                });
+            }
+            if matches!(record.stage, NodeStage::New | NodeStage::LeaseRequested) {
+                record.stage = if record.endpoint.is_some() {
+                    NodeStage::EndpointKnown
+                } else {
+                    NodeStage::LeaseCreated
+                };
+            }
+            clear_ambiguous(node, EffectKind::CreateLease);
+        }
+        EffectOutput::Endpoint(EndpointLookup::Ready(endpoint)) => {
+            record.endpoint = Some(EndpointFacts {
+                attempt,
+                endpoint: endpoint.clone(),
+                observed_at: ctx.now,
+            });
+            if record.stage == NodeStage::LeaseCreated {
+                record.stage = NodeStage::EndpointKnown;
+            }
+        }
+        EffectOutput::Endpoint(EndpointLookup::NotReady) => {
+            // A probe, not a failure: the failure count stays as it is.
+            node.retry.next_effect_at = Some(ctx.after(ctx.policy.endpoint_probe_interval)?);
+        }
+        EffectOutput::BootstrapStarted { session, .. } => {
+            match &mut record.bootstrap {
+                Some(facts) => {
+                    // Stream events arrived before the start result; keep them.
+                    if facts.session.is_none() {
+                        facts.session = Some(session.clone());
+                    }
+                }
+                None => {
+                    record.bootstrap = Some(BootstrapFacts {
+                        attempt,
+                        session: Some(session.clone()),
+                        state: SessionState::Active,
+                        stage: BootstrapStage::Progress(BootstrapProgress::Created),
+                        convergence_observed: false,
+                    });
+                }
+            }
+            if record.stage == NodeStage::EndpointKnown {
+                record.stage = NodeStage::BootstrapRunning;
+            }
+            clear_ambiguous(node, EffectKind::StartBootstrap);
+        }
+        EffectOutput::ConvergenceAcknowledged => {
+            if let Some(facts) = &mut record.bootstrap {
+                facts.convergence_observed = true;
+            }
+        }
+        EffectOutput::BootstrapCancelled => {
+            if let Some(facts) = &mut record.bootstrap {
+                facts.state = SessionState::Cancelled;
+                facts.stage = BootstrapStage::Cancelled;
+            }
+        }
+        EffectOutput::LeaseDestroyed => {
+            record.lease = None;
+            record.endpoint = None;
+        }
+    }
+    Ok(())
+}
+
+fn fold_failure(
+    node: &mut ManagedNode,
+    op: OperationId,
+    kind: EffectKind,
+    error: &EffectError,
+    ctx: &FoldContext<'_>,
+) -> Result<(), ClockSaturated> {
+    let deleting = node.intent == Intent::Deleting;
+    node.retry.consecutive_failures = node.retry.consecutive_failures.saturating_add(1);
+    node.retry.last_error = Some(format!("{kind}: {}", error.message));
+
+    if kind.adopts_after_ambiguity() {
+        if error.is_ambiguous() {
+            node.retry.ambiguous = Some(AmbiguousOperation { op, kind });
+        } else {
+            // A definite failure means the provider looked for a resource of
+            // this key, found none and created none.
+            clear_ambiguous(node, kind);
+        }
+    }
+    if kind == EffectKind::CreateLease && node.record.stage == NodeStage::LeaseRequested {
+        node.record.stage = NodeStage::New;
+    }
+
+    if kind == EffectKind::StartBootstrap && !error.is_ambiguous() {
+        fail_attempt(
+            node,
+            format!("bootstrap did not start: {}", error.message),
+            true,
+            ctx,
+        )?;
+        if deleting {
+            node.retry.next_effect_at = None;
+        }
+        return Ok(());
+    }
+
+    // A deleting node only waits after a failed cleanup step or an
+    // ambiguous create/start; anything else lets cleanup go on at once.
+    let backoff = !deleting
+        || kind.is_cleanup()
+        || (kind.adopts_after_ambiguity() && node.retry.ambiguous.is_some());
+    node.retry.next_effect_at = if backoff {
+        Some(ctx.backoff_deadline(node)?)
+    } else {
+        None
+    };
+    Ok(())
+}
+
+/// Marks the attempt failed. Cleanup starts in the next pass; only the
+/// restart waits for the backoff.
+fn fail_attempt(
+    node: &mut ManagedNode,
+    reason: String,
+    failure_counted: bool,
+    ctx: &FoldContext<'_>,
+) -> Result<(), ClockSaturated> {
+    if !failure_counted {
+        node.retry.consecutive_failures = node.retry.consecutive_failures.saturating_add(1);
+    }
+    node.retry.restart_at = Some(ctx.backoff_deadline(node)?);
+    node.retry.last_error = Some(reason.clone());
+    node.record.stage = NodeStage::Failed;
+    node.record.ready = false;
+    node.record.failure = Some(FailureFacts {
+        reason,
+        at: ctx.now,
+    });
+    Ok(())
+}
+
+/// Why an observation was not folded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BootstrapRejection {
+    /// No session was started or is being started for the attempt.
+    #[error("no bootstrap session was started for this attempt")]
+    NoSession,
+    /// The session already closed or was cancelled.
+    #[error("the bootstrap session already ended")]
+    SessionEnded,
+}
+
+/// Folds a bootstrap event for the node's current attempt.
+pub(crate) fn fold_bootstrap(
+    node: &mut ManagedNode,
+    event: &BootstrapEvent,
+    ctx: &FoldContext<'_>,
+) -> Result<Result<(), BootstrapRejection>, ClockSaturated> {
+    let attempt = node.attempt;
+    let starting = node
+        .pending
+        .as_ref()
+        .is_some_and(|p| p.kind == EffectKind::StartBootstrap)
+        || node
+            .retry
+            .ambiguous
+            .as_ref()
+            .is_some_and(|a| a.kind == EffectKind::StartBootstrap);
+    match &node.record.bootstrap {
+        Some(facts) if facts.state != SessionState::Active => {
+            return Ok(Err(BootstrapRejection::SessionEnded));
+        }
+        Some(_) => {}
+        None if starting => {
+            node.record.bootstrap = Some(BootstrapFacts {
+                attempt,
+                session: None,
+                state: SessionState::Active,
+                stage: BootstrapStage::Progress(BootstrapProgress::Created),
+                convergence_observed: false,
+            });
+        }
+        None => return Ok(Err(BootstrapRejection::NoSession)),
+    }
+    let running = node.record.stage == NodeStage::EndpointKnown;
+    let Some(facts) = node.record.bootstrap.as_mut() else {
+        return Ok(Err(BootstrapRejection::NoSession));
+    };
+    match event {
+        BootstrapEvent::Progress(progress) => {
+            facts.stage = BootstrapStage::Progress(*progress);
+            if running {
+                node.record.stage = NodeStage::BootstrapRunning;
+            }
+        }
+        BootstrapEvent::Converged => facts.stage = BootstrapStage::Converged,
+        BootstrapEvent::Joined => {
+            if node.record.swarm.is_none() {
+                node.record.swarm = Some(SwarmJoinFacts {
+                    attempt,
+                    joined_at: ctx.now,
+                });
+            }
+            if running || node.record.stage == NodeStage::BootstrapRunning {
+                node.record.stage = NodeStage::SwarmJoined;
+            }
+        }
+        BootstrapEvent::Closed => {
+            facts.state = SessionState::Closed;
+            facts.stage = BootstrapStage::Closed;
+            if node.record.stage == NodeStage::Failed {
+                return Ok(Ok(()));
+            }
+            if node.record.swarm.is_some() {
+                hand_off(node, ctx);
+            } else {
+                fail_attempt(
+                    node,
+                    "bootstrap session closed before the agent joined".to_owned(),
+                    false,
+                    ctx,
+                )?;
+            }
+        }
+        BootstrapEvent::Failed { failure, detail } => {
+            facts.stage = BootstrapStage::Failed(*failure);
+            if node.record.stage != NodeStage::Failed {
+                fail_attempt(
+                    node,
+                    format!("bootstrap failed ({failure:?}): {detail}"),
+                    false,
+                    ctx,
+                )?;
+            }
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The session closed after the join: the node is handed off.
+fn hand_off(node: &mut ManagedNode, ctx: &FoldContext<'_>) {
+    node.record.stage = NodeStage::Dormant;
+    node.record.handed_off_at = Some(ctx.now);
+    node.retry.next_effect_at = None;
+    if node.intent == Intent::Active && ctx.spec_is_desired {
+        node.record.ready = true;
+        node.retry.consecutive_failures = 0;
+    }
+}
+
+/// Folds the loss of a node's agent or lease. A node being torn down is
+/// expected to disappear; that changes nothing.
+pub(crate) fn fold_loss(
+    node: &mut ManagedNode,
+    cause: LossCause,
+    ctx: &FoldContext<'_>,
+) -> Result<(), ClockSaturated> {
+    if node.intent == Intent::Deleting || node.record.stage == NodeStage::Failed {
+        return Ok(());
+    }
+    fail_attempt(node, cause.to_string(), false, ctx)
+}

@@ -1,0 +1,345 @@
+//! Observed state: what the driver knows about every slot.
+//!
+//! Only [`crate::driver::ClusterDriver`] writes these types while it owns
+//! them; the decider reads them. Fields are public so that a state can be
+//! inspected, printed and built by hand for the pure decider.
+
+use std::collections::BTreeMap;
+
+use crate::effect::{EffectKind, Endpoint, LeaseHandle, SessionHandle};
+use crate::id::{
+    AttemptAllocator, Generation, LogicalNodeId, NodeAttemptId, OperationId, OperationSequence,
+};
+use crate::shape::LogicalNodeSpec;
+use crate::time::Timestamp;
+
+/// Everything the driver observed about the cluster.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterState {
+    /// The last generation a pass evaluated; `None` before the first pass.
+    pub observed_generation: Option<Generation>,
+    /// The per-cluster attempt counter.
+    pub attempts: AttemptAllocator,
+    /// One entry per slot the driver manages, desired or not.
+    pub nodes: BTreeMap<LogicalNodeId, ManagedNode>,
+}
+
+/// Whether a node should exist or is being torn down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Intent {
+    /// The node should be brought up and kept ready.
+    Active,
+    /// The node is being cleaned up; it never becomes active again.
+    Deleting,
+}
+
+/// The lifecycle stage of one attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeStage {
+    /// Inserted; nothing dispatched yet.
+    New,
+    /// `CreateLease` dispatched.
+    LeaseRequested,
+    /// The lease exists; the endpoint is not known yet.
+    LeaseCreated,
+    /// Lease and endpoint known.
+    EndpointKnown,
+    /// The bootstrap session runs.
+    BootstrapRunning,
+    /// The node's agent joined the run's swarm.
+    SwarmJoined,
+    /// Handoff recorded by the host (accepted as ready).
+    HandedOff,
+    /// Bootstrap finished after join: the ready steady state.
+    Dormant,
+    /// The attempt failed; cleanup follows.
+    Failed,
+    /// Cleanup finished; the node awaits reap or restart.
+    Destroyed,
+}
+
+impl NodeStage {
+    /// A stable, lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeStage::New => "new",
+            NodeStage::LeaseRequested => "lease-requested",
+            NodeStage::LeaseCreated => "lease-created",
+            NodeStage::EndpointKnown => "endpoint-known",
+            NodeStage::BootstrapRunning => "bootstrap-running",
+            NodeStage::SwarmJoined => "swarm-joined",
+            NodeStage::HandedOff => "handed-off",
+            NodeStage::Dormant => "dormant",
+            NodeStage::Failed => "failed",
+            NodeStage::Destroyed => "destroyed",
+        }
+    }
+}
+
+/// Progress stages a bootstrap stream reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BootstrapProgress {
+    /// The session object exists.
+    Created,
+    /// Connecting to the node's endpoint.
+    Connecting,
+    /// Connected.
+    Connected,
+    /// Output is streaming.
+    Streaming,
+    /// Running the boot (verify) checks.
+    BootChecking,
+    /// Starting the agent and workload.
+    AgentStarting,
+    /// Waiting for the agent to join the swarm.
+    WaitingForJoin,
+}
+
+/// Ways a bootstrap session can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BootstrapFailure {
+    /// Could not connect to the endpoint.
+    ConnectFailed,
+    /// A verify command failed.
+    BootCheckFailed,
+    /// The agent or workload did not start.
+    StartFailed,
+    /// The agent did not join the swarm.
+    JoinFailed,
+    /// The stream broke.
+    StreamError,
+}
+
+impl BootstrapFailure {
+    /// Every failure, in stream order.
+    pub const ALL: [BootstrapFailure; 5] = [
+        BootstrapFailure::ConnectFailed,
+        BootstrapFailure::BootCheckFailed,
+        BootstrapFailure::StartFailed,
+        BootstrapFailure::JoinFailed,
+        BootstrapFailure::StreamError,
+    ];
+}
+
+/// The last bootstrap fact folded for a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BootstrapStage {
+    /// A progress stage.
+    Progress(BootstrapProgress),
+    /// The stream reported convergence.
+    Converged,
+    /// The session closed.
+    Closed,
+    /// The session failed.
+    Failed(BootstrapFailure),
+    /// The session was cancelled by cleanup.
+    Cancelled,
+}
+
+/// Whether a bootstrap session is still running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SessionState {
+    /// Running, or possibly running: cleanup must cancel it.
+    Active,
+    /// Closed by the provider.
+    Closed,
+    /// Cancelled by cleanup.
+    Cancelled,
+}
+
+/// Facts about the lease of the current attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseFacts {
+    /// The attempt the lease was created for.
+    pub attempt: NodeAttemptId,
+    /// The provider's name for the lease.
+    pub lease: LeaseHandle,
+    /// When the creation result was folded.
+    pub observed_at: Timestamp,
+    /// Whether the provider adopted an existing resource.
+    pub adopted: bool,
+}
+
+/// Facts about the endpoint of the current attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointFacts {
+    /// The attempt the endpoint belongs to.
+    pub attempt: NodeAttemptId,
+    /// Where the node is reachable.
+    pub endpoint: Endpoint,
+    /// When it was learned.
+    pub observed_at: Timestamp,
+}
+
+/// Facts about the bootstrap session of the current attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootstrapFacts {
+    /// The attempt the session belongs to.
+    pub attempt: NodeAttemptId,
+    /// The provider's name for the session, once the start result named it.
+    pub session: Option<SessionHandle>,
+    /// Whether the session still runs.
+    pub state: SessionState,
+    /// The last stage folded.
+    pub stage: BootstrapStage,
+    /// Whether the result of `BootstrapConvergenceObserved` was folded for
+    /// this session; it is dispatched at most once per session.
+    pub convergence_observed: bool,
+}
+
+/// Facts about the agent's swarm membership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SwarmJoinFacts {
+    /// The attempt whose agent joined.
+    pub attempt: NodeAttemptId,
+    /// When the join was folded.
+    pub joined_at: Timestamp,
+}
+
+/// Why and when an attempt failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailureFacts {
+    /// A human-readable reason.
+    pub reason: String,
+    /// When the failure was folded.
+    pub at: Timestamp,
+}
+
+/// The lifecycle facts of one attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRecord {
+    /// The stage.
+    pub stage: NodeStage,
+    /// Whether the node is ready (converged for its spec).
+    pub ready: bool,
+    /// The lease, while it is (or may be) live.
+    pub lease: Option<LeaseFacts>,
+    /// The endpoint, while the lease is live.
+    pub endpoint: Option<EndpointFacts>,
+    /// The bootstrap session, once one was started.
+    pub bootstrap: Option<BootstrapFacts>,
+    /// The swarm join, once the agent joined.
+    pub swarm: Option<SwarmJoinFacts>,
+    /// When the handoff (bootstrap close after join) was folded.
+    pub handed_off_at: Option<Timestamp>,
+    /// Why the attempt failed, if it did.
+    pub failure: Option<FailureFacts>,
+    /// When cleanup finished.
+    pub destroyed_at: Option<Timestamp>,
+}
+
+impl NodeRecord {
+    /// The record of a freshly inserted attempt.
+    pub fn new() -> Self {
+        NodeRecord {
+            stage: NodeStage::New,
+            ready: false,
+            lease: None,
+            endpoint: None,
+            bootstrap: None,
+            swarm: None,
+            handed_off_at: None,
+            failure: None,
+            destroyed_at: None,
+        }
+    }
+
+    /// Whether a bootstrap session may still be running.
+    pub fn session_active(&self) -> bool {
+        self.bootstrap
+            .as_ref()
+            .is_some_and(|b| b.state == SessionState::Active)
+    }
+}
+
+impl Default for NodeRecord {
+    fn default() -> Self {
+        NodeRecord::new()
+    }
+}
+
+/// The single operation a node may have in flight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingOperation {
+    /// The operation.
+    pub id: OperationId,
+    /// Its kind.
+    pub kind: EffectKind,
+    /// When it was recorded.
+    pub dispatched_at: Timestamp,
+    /// When it times out (due exactly at this instant).
+    pub deadline: Timestamp,
+}
+
+/// An ambiguous create or bootstrap start that must be re-issued before any
+/// destructive step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AmbiguousOperation {
+    /// The operation whose outcome is unknown.
+    pub op: OperationId,
+    /// Its kind.
+    pub kind: EffectKind,
+}
+
+/// Per-node retry bookkeeping. Deadlines are computed when an observation is
+/// folded and only read by the decider.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RetryState {
+    /// Failures since the node was last ready; carries into a replacement.
+    pub consecutive_failures: u32,
+    /// No effect before this instant.
+    pub next_effect_at: Option<Timestamp>,
+    /// A failed attempt restarts no earlier than this instant.
+    pub restart_at: Option<Timestamp>,
+    /// The last error, for operators.
+    pub last_error: Option<String>,
+    /// An ambiguous create/start to re-issue before anything destructive.
+    pub ambiguous: Option<AmbiguousOperation>,
+}
+
+/// One slot under management.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ManagedNode {
+    /// The immutable template of the current attempt.
+    pub spec: LogicalNodeSpec,
+    /// The current attempt.
+    pub attempt: NodeAttemptId,
+    /// Active or deleting.
+    pub intent: Intent,
+    /// Lifecycle facts of the current attempt.
+    pub record: NodeRecord,
+    /// The operation in flight, if any.
+    pub pending: Option<PendingOperation>,
+    /// The sequence the next operation of this attempt gets.
+    pub next_sequence: OperationSequence,
+    /// Retry bookkeeping.
+    pub retry: RetryState,
+}
+
+impl ManagedNode {
+    /// A freshly inserted (or restarted) attempt.
+    pub fn new(spec: LogicalNodeSpec, attempt: NodeAttemptId, retry: RetryState) -> Self {
+        ManagedNode {
+            spec,
+            attempt,
+            intent: Intent::Active,
+            record: NodeRecord::new(),
+            pending: None,
+            next_sequence: OperationSequence::FIRST,
+            retry,
+        }
+    }
+
+    /// Whether the node counts as ready: the flag is set, the node is active
+    /// and in a ready stage.
+    pub fn is_ready(&self) -> bool {
+        self.record.ready
+            && self.intent == Intent::Active
+            && matches!(self.record.stage, NodeStage::HandedOff | NodeStage::Dormant)
+    }
+
+    /// The pending operation id, if any.
+    pub fn pending_op(&self) -> Option<OperationId> {
+        self.pending.as_ref().map(|p| p.id)
+    }
+}
