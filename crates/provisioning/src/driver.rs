@@ -738,7 +738,8 @@ impl ClusterDriver {
     /// # Errors
     /// [`DriverError::NoPassOpen`]; [`DriverError::NodeErrors`] when some nodes
     /// could not take their step (counter exhaustion, clock saturation) — all
-    /// other steps were applied and those nodes were left unchanged.
+    /// other steps were applied, those nodes were left unchanged and are looked
+    /// at again one initial backoff later.
     pub fn finish_pass(
         &mut self,
         plan: PassPlan,
@@ -768,6 +769,9 @@ impl ClusterDriver {
                 }
             };
             if let Err(error) = applied {
+                // Look at the node again later rather than spinning on it now.
+                let retry_at = now.saturating_add(self.policy.backoff_initial);
+                self.schedule.set_timer(&id, Some(retry_at));
                 errors.push((id, error));
             }
         }
@@ -884,14 +888,10 @@ impl ClusterDriver {
             let error = EffectError::definite(format!("submission refused: {refused}"));
             // The status is open, so this fold cannot be refused for that
             // reason; fold directly and remember to pass again.
-            let node = self
-                .state
-                .nodes
-                .get(id)
-                .ok_or_else(|| NodeError::MissingFact {
-                    kind,
-                    missing: "node",
-                })?;
+            let node = self.state.nodes.get(id).ok_or(NodeError::MissingFact {
+                kind,
+                missing: "node",
+            })?;
             let mut next = node.clone();
             fold_operation(
                 &mut next,
