@@ -5,11 +5,10 @@
 //! use [`ManualSpawner`], which runs nothing until asked and then runs queued
 //! work in a chosen order, deterministically.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Wake, Waker};
 
 /// A boxed, sendable future.
@@ -37,27 +36,35 @@ pub enum RunOrder {
     Lifo,
 }
 
-struct WakeFlag(AtomicBool);
+/// Wakes one task by putting its id back into the ready set. Holds the queue
+/// weakly: a waker that outlives the spawner does nothing.
+struct TaskWaker {
+    id: u64,
+    queue: Weak<Mutex<ManualQueue>>,
+}
 
-impl Wake for WakeFlag {
+impl Wake for TaskWaker {
     fn wake(self: Arc<Self>) {
-        self.0.store(true, Ordering::SeqCst);
+        self.wake_by_ref();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.0.store(true, Ordering::SeqCst);
+        if let Some(queue) = self.queue.upgrade() {
+            let mut queue = queue.lock().unwrap_or_else(PoisonError::into_inner);
+            if queue.tasks.contains_key(&self.id) {
+                queue.ready.insert(self.id);
+            }
+        }
     }
-}
-
-struct TaskSlot {
-    future: Option<BoxFuture<'static, ()>>,
-    woken: Arc<WakeFlag>,
 }
 
 #[derive(Default)]
 struct ManualQueue {
     next_id: u64,
-    tasks: BTreeMap<u64, TaskSlot>,
+    /// Every unfinished task; the future is `None` while it is being polled.
+    tasks: BTreeMap<u64, Option<BoxFuture<'static, ()>>>,
+    /// Tasks spawned or woken since their last poll.
+    ready: BTreeSet<u64>,
 }
 
 /// A deterministic spawner: tasks run only when the owner says so.
@@ -83,13 +90,8 @@ impl Spawner for ManualSpawner {
         let mut queue = self.lock();
         let id = queue.next_id;
         queue.next_id += 1;
-        queue.tasks.insert(
-            id,
-            TaskSlot {
-                future: Some(task),
-                woken: Arc::new(WakeFlag(AtomicBool::new(true))),
-            },
-        );
+        queue.tasks.insert(id, Some(task));
+        queue.ready.insert(id);
     }
 }
 
@@ -115,48 +117,38 @@ impl ManualSpawner {
 
     /// Tasks that would make progress if polled.
     pub fn ready_count(&self) -> usize {
-        self.lock()
-            .tasks
-            .values()
-            .filter(|t| t.future.is_some() && t.woken.0.load(Ordering::SeqCst))
-            .count()
+        self.lock().ready.len()
     }
 
-    fn ready_ids(&self) -> Vec<u64> {
-        self.lock()
-            .tasks
-            .iter()
-            .filter(|(_, t)| t.future.is_some() && t.woken.0.load(Ordering::SeqCst))
-            .map(|(id, _)| *id)
-            .collect()
-    }
-
-    /// Polls the `index`-th ready task (in FIFO order) once. Returns whether
+    /// Polls the `index`-th ready task (oldest first) once. Returns whether
     /// a task was polled.
     pub fn run_nth(&self, index: usize) -> bool {
-        match self.ready_ids().get(index) {
-            Some(id) => {
-                self.poll_task(*id);
-                true
-            }
-            None => false,
-        }
+        let picked = {
+            let mut queue = self.lock();
+            let id = queue.ready.iter().nth(index).copied();
+            id.inspect(|id| {
+                queue.ready.remove(id);
+            })
+        };
+        picked.is_some_and(|id| {
+            self.poll_task(id);
+            true
+        })
     }
 
     /// Polls one ready task, picked by `order`. Returns whether one was polled.
     pub fn run_one(&self, order: RunOrder) -> bool {
-        let ids = self.ready_ids();
-        let pick = match order {
-            RunOrder::Fifo => ids.first(),
-            RunOrder::Lifo => ids.last(),
-        };
-        match pick {
-            Some(id) => {
-                self.poll_task(*id);
-                true
+        let picked = {
+            let mut queue = self.lock();
+            match order {
+                RunOrder::Fifo => queue.ready.pop_first(),
+                RunOrder::Lifo => queue.ready.pop_last(),
             }
-            None => false,
-        }
+        };
+        picked.is_some_and(|id| {
+            self.poll_task(id);
+            true
+        })
     }
 
     /// Polls ready tasks in `order` until none is ready (tasks woken by
@@ -172,31 +164,33 @@ impl ManualSpawner {
 
     /// Drops every queued task without running it.
     pub fn clear(&self) {
-        let tasks = std::mem::take(&mut self.lock().tasks);
+        let tasks = {
+            let mut queue = self.lock();
+            queue.ready.clear();
+            std::mem::take(&mut queue.tasks)
+        };
         drop(tasks);
     }
 
+    /// Polls task `id`, which the caller already took out of the ready set.
     fn poll_task(&self, id: u64) {
-        let (mut future, woken) = {
-            let mut queue = self.lock();
-            let Some(slot) = queue.tasks.get_mut(&id) else {
-                return;
-            };
-            let Some(future) = slot.future.take() else {
-                return;
-            };
-            // Cleared before polling so that a wake during the poll is kept.
-            slot.woken.0.store(false, Ordering::SeqCst);
-            (future, slot.woken.clone())
+        let Some(mut future) = self.lock().tasks.get_mut(&id).and_then(Option::take) else {
+            return;
         };
-        let waker = Waker::from(woken);
+        let waker = Waker::from(Arc::new(TaskWaker {
+            id,
+            queue: Arc::downgrade(&self.queue),
+        }));
         let mut cx = Context::from_waker(&waker);
         let done = future.as_mut().poll(&mut cx).is_ready();
         let mut queue = self.lock();
         if done {
             queue.tasks.remove(&id);
+            queue.ready.remove(&id);
+            drop(queue);
+            drop(future);
         } else if let Some(slot) = queue.tasks.get_mut(&id) {
-            slot.future = Some(future);
+            *slot = Some(future);
         }
     }
 }
@@ -204,7 +198,7 @@ impl ManualSpawner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::task::Poll;
 
     fn recorder(log: &Arc<Mutex<Vec<u32>>>, value: u32) -> BoxFuture<'static, ()> {
