@@ -292,28 +292,13 @@ pub struct Plan {
     pub requeue_at: Option<Timestamp>,
 }
 
-/// Decides the next step for every slot: the union of managed nodes and
-/// desired slots, visited in slot order.
-pub fn reconcile(state: &ClusterState, desired: &DesiredState, now: Timestamp) -> Plan {
-    let mut actions = Vec::new();
-    let mut requeue_at: Option<Timestamp> = None;
-    let mut visit =
-        |id: &LogicalNodeId, node: Option<&ManagedNode>, spec: Option<&LogicalNodeSpec>| {
-            let Some(decision) = reconcile_node(node, spec, now) else {
-                return;
-            };
-            if let Some(wake) = decision.wake {
-                requeue_at = Some(requeue_at.map_or(wake.at(), |t| t.min(wake.at())));
-            }
-            if decision.action != NodeAction::None {
-                actions.push(PlannedAction {
-                    node: id.clone(),
-                    rule: decision.rule,
-                    action: decision.action,
-                });
-            }
-        };
-
+/// Calls `visit` for every slot that is managed or desired, in slot order,
+/// with the managed node and the desired spec (at least one is present).
+pub fn for_each_slot(
+    state: &ClusterState,
+    desired: &DesiredState,
+    mut visit: impl FnMut(Option<&ManagedNode>, Option<&LogicalNodeSpec>),
+) {
     // Merge-join the two sorted sequences of slots.
     let mut nodes = state.nodes.iter().peekable();
     let mut specs = desired.specs().peekable();
@@ -324,24 +309,43 @@ pub fn reconcile(state: &ClusterState, desired: &DesiredState, now: Timestamp) -
             (None, Some(_)) => Ordering::Greater,
             (Some((id, _)), Some(spec)) => (*id).cmp(spec.id()),
         };
-        match order {
-            Ordering::Less => {
-                if let Some((id, node)) = nodes.next() {
-                    visit(id, Some(node), None);
-                }
-            }
-            Ordering::Greater => {
-                if let Some(spec) = specs.next() {
-                    visit(spec.id(), None, Some(&spec));
-                }
-            }
-            Ordering::Equal => {
-                if let (Some((id, node)), Some(spec)) = (nodes.next(), specs.next()) {
-                    visit(id, Some(node), Some(&spec));
-                }
+        let node = if order == Ordering::Greater {
+            None
+        } else {
+            nodes.next().map(|(_, node)| node)
+        };
+        let spec = if order == Ordering::Less {
+            None
+        } else {
+            specs.next()
+        };
+        visit(node, spec.as_ref());
+    }
+}
+
+/// Decides the next step for every slot: the union of managed nodes and
+/// desired slots, visited in slot order.
+pub fn reconcile(state: &ClusterState, desired: &DesiredState, now: Timestamp) -> Plan {
+    let mut actions = Vec::new();
+    let mut requeue_at: Option<Timestamp> = None;
+    for_each_slot(state, desired, |node, spec| {
+        let Some(decision) = reconcile_node(node, spec, now) else {
+            return;
+        };
+        if let Some(wake) = decision.wake {
+            requeue_at = Some(requeue_at.map_or(wake.at(), |t| t.min(wake.at())));
+        }
+        if decision.action != NodeAction::None {
+            let id = node.map_or_else(|| spec.map(LogicalNodeSpec::id), |n| Some(n.spec.id()));
+            if let Some(id) = id {
+                actions.push(PlannedAction {
+                    node: id.clone(),
+                    rule: decision.rule,
+                    action: decision.action,
+                });
             }
         }
-    }
+    });
     Plan {
         actions,
         observed_generation: desired.generation(),

@@ -12,14 +12,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use thiserror::Error;
 
-use crate::decide::{NodeAction, NodeDecision, Wake, reconcile_node};
+use crate::decide::{NodeAction, NodeDecision, Wake, for_each_slot, reconcile_node};
 use crate::effect::{EffectError, EffectKind, EffectRequest, ExecutorResult, Operation};
 use crate::id::{Generation, IdError, LogicalNodeId, NodeAttemptId, OperationId, RunId};
 use crate::observe::{
     BootstrapRejection, FoldContext, Observation, fold_bootstrap, fold_loss, fold_operation,
 };
 use crate::policy::RetryPolicy;
-use crate::shape::{ClusterShape, DesiredState, ShapeError};
+use crate::shape::{ClusterShape, DesiredState, LogicalNodeSpec, ShapeError};
 use crate::state::{ClusterState, Intent, ManagedNode, NodeStage, PendingOperation, RetryState};
 use crate::time::{ClockSaturated, Timestamp};
 
@@ -198,6 +198,8 @@ pub struct DueOperation {
 #[must_use = "a begun pass must be finished"]
 pub struct PassPlan {
     now: Timestamp,
+    full: bool,
+    evaluated: usize,
     decisions: Vec<(LogicalNodeId, NodeDecision)>,
 }
 
@@ -207,9 +209,20 @@ impl PassPlan {
         self.now
     }
 
-    /// The decisions, in slot order, including waits.
+    /// The decisions, in slot order. An incremental pass lists every node it
+    /// evaluated; a full pass lists the nodes that act or wait on a timer.
     pub fn decisions(&self) -> &[(LogicalNodeId, NodeDecision)] {
         &self.decisions
+    }
+
+    /// Whether the pass evaluates every slot.
+    pub fn is_full(&self) -> bool {
+        self.full
+    }
+
+    /// How many nodes the decider looked at.
+    pub fn evaluated(&self) -> usize {
+        self.evaluated
     }
 }
 
@@ -409,7 +422,8 @@ impl ClusterDriver {
                 })
             };
         }
-        let desired = shape.validate()?;
+        let mut desired = shape.validate()?;
+        desired.share_templates_with(&self.desired);
         let changed = !self.desired.changed_groups(&desired).is_empty();
         self.desired = desired;
         if changed {
@@ -698,37 +712,53 @@ impl ClusterDriver {
     /// [`DriverError::PassInProgress`] when a pass is already open.
     pub fn begin_pass(&mut self, now: Timestamp) -> Result<PassPlan, DriverError> {
         self.ensure_idle()?;
-        let selected = self.select_nodes(now);
-        let mut decisions = Vec::with_capacity(selected.len());
-        for id in selected {
-            let spec = self.desired.spec(&id);
-            if let Some(decision) = reconcile_node(self.state.nodes.get(&id), spec.as_ref(), now) {
-                decisions.push((id, decision));
+        let full = std::mem::take(&mut self.schedule.full);
+        let dirty = std::mem::take(&mut self.schedule.dirty);
+        let mut decisions = Vec::new();
+        let mut evaluated = 0;
+        if full {
+            // Every slot; waits without a timer are left out because a full
+            // pass rebuilds every timer anyway.
+            for_each_slot(&self.state, &self.desired, |node, spec| {
+                let Some(decision) = reconcile_node(node, spec, now) else {
+                    return;
+                };
+                evaluated += 1;
+                let timer = matches!(decision.wake, Some(Wake::Timer(_)));
+                if decision.action != NodeAction::None || timer {
+                    let id =
+                        node.map_or_else(|| spec.map(LogicalNodeSpec::id), |n| Some(n.spec.id()));
+                    decisions.extend(id.map(|id| (id.clone(), decision)));
+                }
+            });
+        } else {
+            let mut selected = dirty;
+            let schedule = &mut self.schedule;
+            while let Some((at, _)) = schedule.timers.first() {
+                if !now.reached(*at) {
+                    break;
+                }
+                if let Some((_, id)) = schedule.timers.pop_first() {
+                    schedule.timer_of.remove(&id);
+                    selected.insert(id);
+                }
+            }
+            for id in selected {
+                let spec = self.desired.spec(&id);
+                let node = self.state.nodes.get(&id);
+                if let Some(decision) = reconcile_node(node, spec.as_ref(), now) {
+                    evaluated += 1;
+                    decisions.push((id, decision));
+                }
             }
         }
         self.status = PassStatus::Open { retrigger: false };
-        Ok(PassPlan { now, decisions })
-    }
-
-    fn select_nodes(&mut self, now: Timestamp) -> Vec<LogicalNodeId> {
-        let schedule = &mut self.schedule;
-        let dirty = std::mem::take(&mut schedule.dirty);
-        if std::mem::take(&mut schedule.full) {
-            let mut all: BTreeSet<LogicalNodeId> = self.state.nodes.keys().cloned().collect();
-            all.extend(self.desired.specs().map(|s| s.id().clone()));
-            return all.into_iter().collect();
-        }
-        let mut selected = dirty;
-        while let Some((at, _)) = schedule.timers.first() {
-            if !now.reached(*at) {
-                break;
-            }
-            if let Some((_, id)) = schedule.timers.pop_first() {
-                schedule.timer_of.remove(&id);
-                selected.insert(id);
-            }
-        }
-        selected.into_iter().collect()
+        Ok(PassPlan {
+            now,
+            full,
+            evaluated,
+            decisions,
+        })
     }
 
     /// Applies a begun pass: driver transitions, then each dispatch recorded
@@ -750,9 +780,13 @@ impl ClusterDriver {
         }
         let now = plan.now;
         let mut report = PassReport {
-            evaluated: plan.decisions.len(),
+            evaluated: plan.evaluated,
             ..PassReport::default()
         };
+        if plan.full {
+            self.schedule.timer_of.clear();
+            self.schedule.timers.clear();
+        }
         let mut errors = Vec::new();
         for (id, decision) in plan.decisions {
             let timer = match decision.wake {

@@ -409,6 +409,18 @@ impl DesiredState {
         })
     }
 
+    /// Reuses `previous`'s shared template of every group whose template did
+    /// not change, so that nodes created from it keep comparing by pointer.
+    pub fn share_templates_with(&mut self, previous: &DesiredState) {
+        for (id, group) in &mut self.groups {
+            if let Some(old) = previous.groups.get(id) {
+                if !Arc::ptr_eq(&old.template, &group.template) && old.template == group.template {
+                    group.template = old.template.clone();
+                }
+            }
+        }
+    }
+
     /// The groups whose count or template differ between `self` and `other`,
     /// including groups present in only one of them.
     pub fn changed_groups(&self, other: &DesiredState) -> BTreeSet<GroupId> {
