@@ -1,0 +1,553 @@
+//! The agent's side of a bootstrap session: one control connection, one boot.
+
+use std::os::fd::AsFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use nix::unistd::{User, getpid, getuid};
+use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use super::{Agent, env};
+use crate::credential::NodeCredential;
+use crate::os;
+use crate::wire::{
+    self, BootOrder, ControlReply, ControlRequest, FailureStage, JoinOrder, PROTOCOL_VERSION,
+    ProgressStage, SwarmHello, SwarmNotice, SwarmReply, WireError,
+};
+
+/// How long a new control connection may take to send its boot order.
+const BOOT_ORDER_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// The longest a single verify command may run.
+const VERIFY_COMMAND_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// How long the agent waits for the controller's go-ahead to join.
+const JOIN_GO_AHEAD_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// How many times the agent tries to connect to the swarm listener.
+const JOIN_CONNECT_ATTEMPTS_MAX: u32 = 5;
+
+/// The pause between two connection attempts.
+const JOIN_RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long one connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the swarm may take to answer the hello.
+const WELCOME_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// How long the control connection stays open after the join, waiting for
+/// the controller to close the session.
+const CLOSE_WAIT_MAX: Duration = Duration::from_secs(60 * 60);
+
+/// How many controller requests may wait for the boot task.
+const REQUEST_QUEUE_MAX: usize = 8;
+
+/// How many unexpected requests are ignored before the connection counts as
+/// broken.
+const UNEXPECTED_REQUESTS_MAX: usize = 16;
+
+/// How many workload notices may wait for the swarm connection.
+const NOTICE_QUEUE_MAX: usize = 8;
+
+/// How much of a failed verify command's output is reported.
+const OUTPUT_TAIL_BYTES: usize = 2048;
+
+/// How long output is still collected after a verify command exited (a
+/// background child may hold the pipe open forever).
+const OUTPUT_DRAIN_WAIT: Duration = Duration::from_millis(200);
+
+/// The size of one read from the swarm connection.
+const SWARM_READ_BYTES: usize = 256;
+
+/// Aborts a helper task when its owner ends.
+struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Serves one control connection.
+pub(super) async fn serve(agent: Arc<Agent>, stream: TcpStream, fatal: mpsc::Sender<String>) {
+    let (read, mut write) = stream.into_split();
+    let (requests_tx, mut requests) = mpsc::channel(REQUEST_QUEUE_MAX);
+    let _reader = AbortOnDrop(tokio::spawn(read_requests(read, requests_tx)).abort_handle());
+    let order = match tokio::time::timeout(BOOT_ORDER_WAIT_MAX, requests.recv()).await {
+        Ok(Some(Ok(ControlRequest::Boot(order)))) => order,
+        Ok(Some(Ok(other))) => {
+            return refuse(&mut write, format!("expected a boot order, got {other:?}")).await;
+        }
+        Ok(Some(Err(error))) => {
+            return refuse(&mut write, format!("malformed request: {error}")).await;
+        }
+        Ok(None) => return,
+        Err(_) => {
+            return refuse(
+                &mut write,
+                format!("no boot order within {BOOT_ORDER_WAIT_MAX:?}"),
+            )
+            .await;
+        }
+    };
+    let user = match check_order(&agent, &order) {
+        Ok(user) => user,
+        Err(reason) => return refuse(&mut write, reason).await,
+    };
+    if agent.booted.swap(true, Ordering::SeqCst) {
+        return refuse(&mut write, "this agent has already booted".to_owned()).await;
+    }
+    tracing::info!("boot order accepted");
+    let mut boot = Boot {
+        agent,
+        order,
+        user,
+        write,
+        requests,
+    };
+    if boot.send(ControlReply::Accepted).await {
+        boot.run(fatal).await;
+    }
+}
+
+async fn refuse(write: &mut OwnedWriteHalf, reason: String) {
+    tracing::warn!(%reason, "boot order refused");
+    let _ = wire::write_message(write, &ControlReply::Refused { reason }).await;
+}
+
+/// The uid and gid commands run as, when they differ from the agent's own.
+#[derive(Clone, Copy, Debug)]
+struct RunAs {
+    uid: u32,
+    gid: u32,
+}
+
+/// Checks an order against the agent's own identity. Returns the user to
+/// run commands as, or why the order is refused.
+fn check_order(agent: &Agent, order: &BootOrder) -> Result<Option<RunAs>, String> {
+    let config = &agent.config;
+    if order.protocol != PROTOCOL_VERSION {
+        return Err(format!("unsupported protocol version {}", order.protocol));
+    }
+    if order.run != config.run || order.node != config.node || order.attempt != config.attempt {
+        return Err(format!(
+            "the order is for {}/{}/a{}, this agent is {}/{}/a{}",
+            order.run, order.node, order.attempt, config.run, config.node, config.attempt
+        ));
+    }
+    if !order.join.address.ip().is_loopback() {
+        return Err(format!(
+            "swarm address {} is not on loopback",
+            order.join.address
+        ));
+    }
+    if NodeCredential::from_hex(&order.join.credential).is_none() {
+        return Err("the credential is not 32 bytes of hex".to_owned());
+    }
+    resolve_user(&order.user)
+}
+
+fn resolve_user(name: &str) -> Result<Option<RunAs>, String> {
+    if name.is_empty() {
+        return Ok(None);
+    }
+    let current = User::from_uid(getuid()).ok().flatten();
+    if current.as_ref().is_some_and(|user| user.name == name) {
+        return Ok(None);
+    }
+    match User::from_name(name) {
+        Ok(Some(user)) => Ok(Some(RunAs {
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+        })),
+        Ok(None) => Err(format!("unknown user {name:?}")),
+        Err(error) => Err(format!("cannot look up user {name:?}: {error}")),
+    }
+}
+
+/// Forwards the controller's requests; ends at the end of the stream or at
+/// the first error (which it forwards).
+async fn read_requests(
+    read: OwnedReadHalf,
+    requests: mpsc::Sender<Result<ControlRequest, WireError>>,
+) {
+    let mut reader = BufReader::new(read);
+    // Bounded by the connection: it ends with the stream or the first error.
+    loop {
+        let (forward, stop) = match wire::read_message::<ControlRequest, _>(&mut reader).await {
+            Ok(Some(request)) => (Ok(request), false),
+            Ok(None) => return,
+            Err(error) => (Err(error), true),
+        };
+        if requests.send(forward).await.is_err() || stop {
+            return;
+        }
+    }
+}
+
+struct Boot {
+    agent: Arc<Agent>,
+    order: Box<BootOrder>,
+    user: Option<RunAs>,
+    write: OwnedWriteHalf,
+    requests: mpsc::Receiver<Result<ControlRequest, WireError>>,
+}
+
+/// The connection ended or misbehaved: the controller abandoned the boot.
+struct Cancelled;
+
+impl Boot {
+    /// Sends a reply; returns whether the controller is still there.
+    async fn send(&mut self, reply: ControlReply) -> bool {
+        match wire::write_message(&mut self.write, &reply).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(%error, "control connection lost");
+                false
+            }
+        }
+    }
+
+    async fn progress(&mut self, stage: ProgressStage) -> Result<(), Cancelled> {
+        tracing::info!(?stage, "boot stage");
+        if self.send(ControlReply::Progress { stage }).await {
+            Ok(())
+        } else {
+            Err(Cancelled)
+        }
+    }
+
+    async fn fail(&mut self, stage: FailureStage, detail: String) {
+        tracing::warn!(?stage, %detail, "boot failed");
+        self.send(ControlReply::Failed { stage, detail }).await;
+    }
+
+    /// Runs `work` unless the controller goes away first.
+    async fn until_cancelled<F: Future>(&mut self, work: F) -> Result<F::Output, Cancelled> {
+        let mut work = std::pin::pin!(work);
+        for _ in 0..UNEXPECTED_REQUESTS_MAX {
+            tokio::select! {
+                output = &mut work => return Ok(output),
+                request = self.requests.recv() => match request {
+                    None | Some(Err(_)) => return Err(Cancelled),
+                    Some(Ok(request)) => tracing::warn!(?request, "ignoring a request during the boot"),
+                },
+            }
+        }
+        Err(Cancelled)
+    }
+
+    async fn wait_for_join(&mut self) -> Result<(), Cancelled> {
+        let deadline = tokio::time::Instant::now() + JOIN_GO_AHEAD_WAIT_MAX;
+        for _ in 0..UNEXPECTED_REQUESTS_MAX {
+            match tokio::time::timeout_at(deadline, self.requests.recv()).await {
+                Ok(Some(Ok(ControlRequest::Join))) => return Ok(()),
+                Ok(Some(Ok(request))) => {
+                    tracing::warn!(?request, "ignoring a request while waiting to join");
+                }
+                Ok(None | Some(Err(_))) | Err(_) => return Err(Cancelled),
+            }
+        }
+        Err(Cancelled)
+    }
+
+    async fn run(mut self, fatal: mpsc::Sender<String>) {
+        match self.steps(fatal).await {
+            Ok(()) => {}
+            Err(Cancelled) => {
+                tracing::warn!("the controller abandoned the boot; stopping its commands");
+                self.agent.kill_children();
+            }
+        }
+    }
+
+    async fn steps(&mut self, fatal: mpsc::Sender<String>) -> Result<(), Cancelled> {
+        self.progress(ProgressStage::BootChecking).await?;
+        let checks = self.order.verify_commands.clone();
+        for (index, check) in checks.iter().enumerate() {
+            let outcome = self.until_cancelled(self.check(check)).await?;
+            if let Err(detail) = outcome {
+                let detail = format!("verify command #{} `{check}` failed: {detail}", index + 1);
+                self.fail(FailureStage::BootCheck, detail).await;
+                return Ok(());
+            }
+        }
+        self.progress(ProgressStage::AgentStarting).await?;
+        let (notices_tx, notices) = mpsc::channel(NOTICE_QUEUE_MAX);
+        if !self.order.start_command.is_empty() {
+            match self.start_workload() {
+                Ok(workload) => {
+                    tokio::spawn(watch_workload(workload, notices_tx));
+                }
+                Err(detail) => {
+                    self.fail(FailureStage::Start, detail).await;
+                    return Ok(());
+                }
+            }
+        }
+        self.progress(ProgressStage::WaitingForJoin).await?;
+        self.wait_for_join().await?;
+        let join = self.order.join.clone();
+        let agent = self.agent.clone();
+        let membership = match self.until_cancelled(join_swarm(&agent, &join)).await? {
+            Ok(membership) => membership,
+            Err(detail) => {
+                self.fail(FailureStage::Join, detail).await;
+                return Ok(());
+            }
+        };
+        tracing::info!("joined the swarm");
+        tokio::spawn(hold_membership(membership, notices, fatal));
+        if !self.send(ControlReply::Joined).await {
+            return Ok(());
+        }
+        // The session ends with the controller's close, or when it hangs up.
+        let _ = tokio::time::timeout(CLOSE_WAIT_MAX, self.requests.recv()).await;
+        tracing::info!("bootstrap session closed");
+        Ok(())
+    }
+
+    /// A command for `shell_command` through the wrapper role.
+    fn command(&self, shell_command: &str, args: &[String]) -> Command {
+        let config = &self.agent.config;
+        let mut command = Command::new(&config.program);
+        command
+            .args(&config.program_args)
+            .envs(&self.order.env)
+            // The tags come after the user's environment so that they win.
+            .env(os::RUN_TAG, &config.run)
+            .env(os::NODE_TAG, &config.node)
+            .env(os::ATTEMPT_TAG, config.attempt.to_string())
+            .env_remove(env::PARENT_PID)
+            .env_remove(env::COMMAND)
+            .env_remove(env::STOP_GRACE_MS)
+            .env(env::ROLE, env::ROLE_WORKLOAD)
+            .env(env::WORKLOAD_COMMAND, shell_command)
+            .env(
+                env::WORKLOAD_ARGS,
+                serde_json::to_string(args).unwrap_or_else(|_| "[]".to_owned()),
+            )
+            .env(env::WORKLOAD_PARENT_PID, getpid().as_raw().to_string())
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        // The wrapper itself starts as the agent's user (so it can always be
+        // executed) and switches before it arms its parent-death signal:
+        // the kernel clears that signal when a process changes its user.
+        if let Some(user) = self.user {
+            command
+                .env(env::WORKLOAD_UID, user.uid.to_string())
+                .env(env::WORKLOAD_GID, user.gid.to_string());
+        } else {
+            command
+                .env_remove(env::WORKLOAD_UID)
+                .env_remove(env::WORKLOAD_GID);
+        }
+        command
+    }
+
+    /// Runs one verify command; `Err` says how it failed.
+    fn check(&self, check: &str) -> impl Future<Output = Result<(), String>> + use<> {
+        let mut command = self.command(check, &[]);
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let spawned = command.spawn();
+        async move {
+            let mut child = spawned.map_err(|error| format!("cannot start it: {error}"))?;
+            let tail = Arc::new(Mutex::new(Vec::new()));
+            let mut readers = Vec::new();
+            if let Some(out) = child.stdout.take() {
+                readers.push(AbortOnDrop(
+                    tokio::spawn(collect_tail(out, tail.clone())).abort_handle(),
+                ));
+            }
+            if let Some(err) = child.stderr.take() {
+                readers.push(AbortOnDrop(
+                    tokio::spawn(collect_tail(err, tail.clone())).abort_handle(),
+                ));
+            }
+            let status = match tokio::time::timeout(VERIFY_COMMAND_TIMEOUT, child.wait()).await {
+                Ok(Ok(status)) => status,
+                Ok(Err(error)) => return Err(format!("cannot wait for it: {error}")),
+                Err(_) => {
+                    let _ = child.start_kill();
+                    return Err(format!("still running after {VERIFY_COMMAND_TIMEOUT:?}"));
+                }
+            };
+            if status.success() {
+                return Ok(());
+            }
+            tokio::time::sleep(OUTPUT_DRAIN_WAIT).await;
+            drop(readers);
+            let tail = tail.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            let output = String::from_utf8_lossy(&tail);
+            Err(format!("{}; output: {:?}", describe(status), output.trim()))
+        }
+    }
+
+    /// Starts the workload, its output going to the agent's own error stream.
+    fn start_workload(&self) -> Result<Child, String> {
+        let mut command = self.command(&self.order.start_command, &self.order.args);
+        let stderr = std::io::stderr()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|error| format!("cannot share the agent's error stream: {error}"))?;
+        let stdout = stderr
+            .try_clone()
+            .map_err(|error| format!("cannot share the agent's error stream: {error}"))?;
+        command
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr));
+        let child = command
+            .spawn()
+            .map_err(|error| format!("cannot start the workload: {error}"))?;
+        tracing::info!(pid = ?child.id(), "workload started");
+        Ok(child)
+    }
+}
+
+fn describe(status: std::process::ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => "ended abnormally".to_owned(),
+    }
+}
+
+/// Keeps the last [`OUTPUT_TAIL_BYTES`] of a stream.
+async fn collect_tail<R: AsyncRead + Unpin>(mut stream: R, tail: Arc<Mutex<Vec<u8>>>) {
+    let mut buffer = [0_u8; 1024];
+    // Bounded by the stream: it ends at its end or first error.
+    loop {
+        let read = match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+        tail.extend_from_slice(&buffer[..read]);
+        let excess = tail.len().saturating_sub(OUTPUT_TAIL_BYTES);
+        tail.drain(..excess);
+    }
+}
+
+async fn watch_workload(mut workload: Child, notices: mpsc::Sender<SwarmNotice>) {
+    // Bounded by the workload's life; the agent kills it when it stops.
+    let notice = match workload.wait().await {
+        Ok(status) => {
+            tracing::info!(status = %describe(status), "workload exited");
+            SwarmNotice::WorkloadExited {
+                code: status.code(),
+                signal: status.signal(),
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot wait for the workload");
+            return;
+        }
+    };
+    let _ = notices.try_send(notice);
+}
+
+/// A welcomed swarm connection.
+struct Membership {
+    read: OwnedReadHalf,
+    write: OwnedWriteHalf,
+}
+
+async fn join_swarm(agent: &Agent, join: &JoinOrder) -> Result<Membership, String> {
+    let mut last_error = String::from("no attempt made");
+    let mut stream = None;
+    for _ in 0..JOIN_CONNECT_ATTEMPTS_MAX {
+        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(join.address)).await {
+            Ok(Ok(connected)) => {
+                stream = Some(connected);
+                break;
+            }
+            Ok(Err(error)) => last_error = error.to_string(),
+            Err(_) => last_error = format!("no connection within {CONNECT_TIMEOUT:?}"),
+        }
+        tokio::time::sleep(JOIN_RETRY_PAUSE).await;
+    }
+    let stream = stream.ok_or_else(|| {
+        format!(
+            "cannot reach the swarm at {} after {JOIN_CONNECT_ATTEMPTS_MAX} attempts: {last_error}",
+            join.address
+        )
+    })?;
+    let (read, mut write) = stream.into_split();
+    let config = &agent.config;
+    let hello = SwarmHello {
+        protocol: PROTOCOL_VERSION,
+        run: config.run.clone(),
+        node: config.node.clone(),
+        attempt: config.attempt,
+        credential: join.credential.clone(),
+        swarm: join.swarm.clone(),
+        labels: join.labels.clone(),
+    };
+    wire::write_message(&mut write, &hello)
+        .await
+        .map_err(|error| format!("cannot send the hello: {error}"))?;
+    let mut reader = BufReader::new(read);
+    let reply = tokio::time::timeout(
+        WELCOME_WAIT_MAX,
+        wire::read_message::<SwarmReply, _>(&mut reader),
+    )
+    .await;
+    match reply {
+        Ok(Ok(Some(SwarmReply::Welcome))) => {
+            if !reader.buffer().is_empty() {
+                return Err("the swarm sent more than its welcome".to_owned());
+            }
+            Ok(Membership {
+                read: reader.into_inner(),
+                write,
+            })
+        }
+        Ok(Ok(Some(SwarmReply::Rejected { reason }))) => {
+            Err(format!("the swarm rejected the join: {reason}"))
+        }
+        Ok(Ok(None)) => Err("the swarm closed the connection".to_owned()),
+        Ok(Err(error)) => Err(format!("bad answer from the swarm: {error}")),
+        Err(_) => Err(format!(
+            "no answer from the swarm within {WELCOME_WAIT_MAX:?}"
+        )),
+    }
+}
+
+/// Keeps the swarm membership and forwards workload notices. When the
+/// connection ends, the node has lost its swarm: the agent stops it.
+async fn hold_membership(
+    mut membership: Membership,
+    mut notices: mpsc::Receiver<SwarmNotice>,
+    fatal: mpsc::Sender<String>,
+) {
+    let mut buffer = [0_u8; SWARM_READ_BYTES];
+    let mut notices_open = true;
+    // Bounded by the connection's life.
+    let reason = loop {
+        tokio::select! {
+            read = membership.read.read(&mut buffer) => match read {
+                Ok(0) => break "the swarm connection closed".to_owned(),
+                Ok(_) => tracing::debug!("ignoring unexpected data from the swarm"),
+                Err(error) => break format!("the swarm connection failed: {error}"),
+            },
+            notice = notices.recv(), if notices_open => match notice {
+                Some(notice) => {
+                    if let Err(error) = wire::write_message(&mut membership.write, &notice).await {
+                        break format!("cannot write to the swarm: {error}");
+                    }
+                }
+                None => notices_open = false,
+            },
+        }
+    };
+    let _ = fatal.try_send(reason);
+}

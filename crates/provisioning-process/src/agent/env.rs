@@ -1,0 +1,41 @@
+//! The environment through which the plugin configures an agent, besides
+//! the tags in [`crate::os`] ([`RUN_TAG`](crate::os::RUN_TAG),
+//! [`NODE_TAG`](crate::os::NODE_TAG), [`ATTEMPT_TAG`](crate::os::ATTEMPT_TAG)).
+
+/// The pid of the controller that started the agent. The agent exits at once
+/// if its parent is someone else (the controller died before the agent armed
+/// its parent-death signal).
+pub const PARENT_PID: &str = "PROVISION_AGENT_PARENT_PID";
+
+/// The grace, in milliseconds, between `SIGTERM` and `SIGKILL` when the agent
+/// stops its node.
+pub const STOP_GRACE_MS: &str = "PROVISION_AGENT_STOP_GRACE_MS";
+
+/// The command that started the agent (program, then arguments; each part
+/// hex-encoded, separated by commas). The agent starts its wrapper with it.
+pub const COMMAND: &str = "PROVISION_AGENT_COMMAND";
+
+/// A filter for the agent's own log (the `tracing` `EnvFilter` syntax);
+/// `info` when unset.
+pub const LOG: &str = "PROVISION_AGENT_LOG";
+
+/// Selects the binary's role. Unset means the agent itself.
+pub(crate) const ROLE: &str = "PROVISION_AGENT_ROLE";
+
+/// The [`ROLE`] value of the wrapper that runs a shell command.
+pub(crate) const ROLE_WORKLOAD: &str = "workload";
+
+/// The wrapper's shell command.
+pub(crate) const WORKLOAD_COMMAND: &str = "PROVISION_WORKLOAD_COMMAND";
+
+/// The wrapper's positional arguments, as a JSON array of strings.
+pub(crate) const WORKLOAD_ARGS: &str = "PROVISION_WORKLOAD_ARGS";
+
+/// The pid of the agent that started the wrapper.
+pub(crate) const WORKLOAD_PARENT_PID: &str = "PROVISION_WORKLOAD_PARENT_PID";
+
+/// The user id the wrapper switches to before running its command.
+pub(crate) const WORKLOAD_UID: &str = "PROVISION_WORKLOAD_UID";
+
+/// The group id the wrapper switches to before running its command.
+pub(crate) const WORKLOAD_GID: &str = "PROVISION_WORKLOAD_GID";

@@ -1,0 +1,384 @@
+//! The node agent: the process that is a node of the local provider.
+//!
+//! The plugin starts one agent per node attempt, as the leader of a new
+//! process group, configured through the environment (see [`mod@env`]). The
+//! agent:
+//!
+//! 1. asks the kernel to send it `SIGTERM` when its parent dies, then checks
+//!    that its parent is still the controller that started it (closing the
+//!    race where the controller died first);
+//! 2. listens on a loopback port and announces it on standard output;
+//! 3. takes one boot order on a control connection: runs the verify
+//!    commands, starts the workload, and joins the run's swarm with the
+//!    credential it was given (see [`crate::wire`]);
+//! 4. on `SIGTERM`, or when its swarm connection ends, terminates its whole
+//!    process group (`SIGTERM`, then `SIGKILL` after the stop grace) —
+//!    itself included.
+//!
+//! Verify commands and the workload run through `/bin/sh -c`, started via
+//! this same binary in a small wrapper role that first sets its own
+//! parent-death signal (so they die with the agent), then `exec`s the shell.
+
+mod boot;
+pub mod env;
+mod wrapper;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use nix::sys::prctl;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::{Pid, getpgrp, getpid, getppid};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{Semaphore, mpsc};
+
+use crate::os;
+use crate::wire::{self, AgentAnnouncement};
+
+/// How many control connections the agent serves at once. Only one can boot
+/// it; the others are refused quickly.
+const CONTROL_CONNECTIONS_MAX: usize = 4;
+
+/// The pause after a failed `accept`.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// How often the agent looks at its process group while stopping it.
+const GROUP_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// The exit code for a configuration error (missing or bad environment).
+const EXIT_CONFIG: u8 = 2;
+
+/// Why the agent could not run.
+#[derive(Debug, Error)]
+pub enum AgentError {
+    /// A required environment variable is missing.
+    #[error("environment variable {0} is not set; the agent is started by the process plugin")]
+    MissingEnv(&'static str),
+    /// An environment variable has an unusable value.
+    #[error("environment variable {name} has an invalid value {value:?}")]
+    BadEnv {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The controller died before the agent armed its parent-death signal.
+    #[error("the controller (pid {expected}) is gone; the parent is now pid {actual}")]
+    ParentGone {
+        /// The pid of the controller that started the agent.
+        expected: i32,
+        /// The pid of the actual parent.
+        actual: i32,
+    },
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    System {
+        /// What the agent was doing.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn system(what: &'static str) -> impl FnOnce(std::io::Error) -> AgentError {
+    move |source| AgentError::System { what, source }
+}
+
+fn errno(what: &'static str) -> impl FnOnce(nix::Error) -> AgentError {
+    move |error| AgentError::System {
+        what,
+        source: std::io::Error::from(error),
+    }
+}
+
+/// The agent's configuration, read from its environment.
+#[derive(Clone, Debug)]
+pub(crate) struct AgentConfig {
+    pub(crate) run: String,
+    pub(crate) node: String,
+    pub(crate) attempt: u64,
+    parent: Pid,
+    stop_grace: Duration,
+    /// How to start this binary again (for the wrapper role).
+    pub(crate) program: PathBuf,
+    pub(crate) program_args: Vec<OsString>,
+}
+
+fn required(name: &'static str) -> Result<String, AgentError> {
+    std::env::var(name).map_err(|_| AgentError::MissingEnv(name))
+}
+
+fn parsed<T: std::str::FromStr>(name: &'static str) -> Result<T, AgentError> {
+    let value = required(name)?;
+    value
+        .parse()
+        .map_err(|_| AgentError::BadEnv { name, value })
+}
+
+impl AgentConfig {
+    fn from_env() -> Result<Self, AgentError> {
+        let command = required(env::COMMAND)?;
+        let bad_command = || AgentError::BadEnv {
+            name: env::COMMAND,
+            value: command.clone(),
+        };
+        let mut parts = command
+            .split(',')
+            .map(|part| hex::decode(part).map(OsString::from_vec));
+        let program = parts
+            .next()
+            .ok_or_else(bad_command)?
+            .map_err(|_| bad_command())?;
+        let program_args = parts
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| bad_command())?;
+        Ok(AgentConfig {
+            run: required(os::RUN_TAG)?,
+            node: required(os::NODE_TAG)?,
+            attempt: parsed(os::ATTEMPT_TAG)?,
+            parent: Pid::from_raw(parsed(env::PARENT_PID)?),
+            stop_grace: Duration::from_millis(parsed(env::STOP_GRACE_MS)?),
+            program: PathBuf::from(program),
+            program_args,
+        })
+    }
+}
+
+/// The running agent, shared by its tasks.
+pub(crate) struct Agent {
+    pub(crate) config: AgentConfig,
+    /// Set by the first accepted boot order; an agent boots once.
+    pub(crate) booted: AtomicBool,
+    /// Whether the agent leads its process group (it does when the plugin
+    /// started it). Only a leader may take its whole group down.
+    leader: bool,
+}
+
+impl Agent {
+    /// Kills every other live process of this node's group (verify commands,
+    /// the workload and whatever it forked). The agent itself survives.
+    pub(crate) fn kill_children(&self) {
+        let me = getpid().as_raw();
+        let run = provisioning::RunId::new(self.config.run.as_str());
+        match os::group_processes(&run, getpgrp().as_raw()) {
+            Ok(processes) => {
+                let children: Vec<_> = processes.into_iter().filter(|p| p.pid != me).collect();
+                os::signal_processes(&children, Signal::SIGKILL);
+            }
+            Err(error) => tracing::warn!(%error, "cannot list this node's processes"),
+        }
+    }
+
+    /// Terminates the node: `SIGTERM` to the group, a grace for the others
+    /// to exit, then `SIGKILL` to the group, which ends the agent too.
+    async fn stop_node(&self) {
+        if !self.leader {
+            self.kill_children();
+            return;
+        }
+        let group = getpgrp();
+        // The agent handles SIGTERM itself, so this only reaches the others.
+        let _ = killpg(group, Signal::SIGTERM);
+        let run = provisioning::RunId::new(self.config.run.as_str());
+        let me = getpid().as_raw();
+        let deadline = tokio::time::Instant::now() + self.config.stop_grace;
+        while tokio::time::Instant::now() < deadline {
+            let others = os::group_processes(&run, group.as_raw())
+                .map(|processes| processes.iter().any(|p| p.pid != me))
+                .unwrap_or(false);
+            if !others {
+                break;
+            }
+            tokio::time::sleep(GROUP_POLL_INTERVAL).await;
+        }
+        let _ = killpg(group, Signal::SIGKILL);
+    }
+}
+
+/// The agent's log writer: its standard error, which is a pipe to the
+/// controller. When the controller is gone the pipe is broken; a log line
+/// must then vanish quietly instead of failing (or panicking in the middle
+/// of the agent's orderly stop).
+struct QuietStderr;
+
+impl Write for QuietStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(env::LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // The controller timestamps and labels every relayed line itself.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(|| QuietStderr)
+        .log_internal_errors(false)
+        .with_ansi(false)
+        .without_time()
+        .with_target(false)
+        .try_init();
+}
+
+/// Makes any panic of the agent take its node down with it: a half-dead
+/// agent must not leave its workload running unsupervised.
+fn kill_group_on_panic() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if getpgrp() == getpid() {
+            let _ = killpg(getpgrp(), Signal::SIGKILL);
+        }
+        previous(info);
+    }));
+}
+
+/// The agent's entry point. `args` are the arguments after the command that
+/// selected the agent (none are accepted: the plugin configures the agent
+/// through its environment). Builds its own single-threaded runtime, so that
+/// every child is forked from the main thread, which lives as long as the
+/// agent.
+pub fn main(args: Vec<OsString>) -> ExitCode {
+    if std::env::var_os(env::ROLE).is_some_and(|role| role == env::ROLE_WORKLOAD) {
+        return wrapper::run();
+    }
+    if !args.is_empty() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "the node agent takes no arguments (got {args:?}); it is started and configured by the process plugin"
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    init_logging();
+    kill_group_on_panic();
+    let config = match AgentConfig::from_env() {
+        Ok(config) => config,
+        Err(error) => {
+            tracing::error!(%error, "cannot start the node agent");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "cannot build the agent's runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "node agent failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn announce(address: SocketAddr) -> Result<(), AgentError> {
+    let line = wire::encode_message(&AgentAnnouncement::Listening {
+        address,
+        pid: std::process::id(),
+    })
+    .map_err(|error| AgentError::System {
+        what: "encoding the announcement",
+        source: std::io::Error::other(error),
+    })?;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(&line)
+        .and_then(|()| stdout.flush())
+        .map_err(system("announcing the endpoint"))
+}
+
+async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    // The handler exists before the parent-death signal is armed, so a
+    // controller that dies from here on leads to an orderly stop.
+    let mut terminate = signal(SignalKind::terminate()).map_err(system("handling SIGTERM"))?;
+    prctl::set_pdeathsig(Signal::SIGTERM).map_err(errno("arming the parent-death signal"))?;
+    let parent = getppid();
+    if parent != config.parent {
+        return Err(AgentError::ParentGone {
+            expected: config.parent.as_raw(),
+            actual: parent.as_raw(),
+        });
+    }
+    let leader = getpgrp() == getpid();
+    if !leader {
+        tracing::warn!("not a process group leader; stopping will kill children one by one");
+    }
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .map_err(system("binding the control listener"))?;
+    let address = listener
+        .local_addr()
+        .map_err(system("reading the control address"))?;
+    announce(address)?;
+    tracing::info!(node = %config.node, attempt = config.attempt, %address, "node agent listening");
+
+    let agent = Arc::new(Agent {
+        config,
+        booted: AtomicBool::new(false),
+        leader,
+    });
+    let (fatal_tx, mut fatal) = mpsc::channel::<String>(1);
+    let permits = Arc::new(Semaphore::new(CONTROL_CONNECTIONS_MAX));
+    // Bounded by the agent's life: SIGTERM, the parent's death or the loss
+    // of the swarm connection end it.
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => {
+                tracing::info!("terminating");
+                agent.stop_node().await;
+                return Ok(());
+            }
+            Some(reason) = fatal.recv() => {
+                tracing::warn!(%reason, "stopping the node");
+                agent.stop_node().await;
+                return Ok(());
+            }
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot accept a control connection");
+                        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                        continue;
+                    }
+                };
+                if !peer.ip().is_loopback() {
+                    tracing::warn!(%peer, "refusing a control connection from off the machine");
+                    continue;
+                }
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    tracing::warn!(%peer, "too many control connections; refusing one");
+                    continue;
+                };
+                let agent = agent.clone();
+                let fatal = fatal_tx.clone();
+                tokio::spawn(async move {
+                    boot::serve(agent, stream, fatal).await;
+                    drop(permit);
+                });
+            }
+        }
+    }
+}

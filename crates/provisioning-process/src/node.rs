@@ -1,0 +1,234 @@
+//! The life of a node agent process: watching it, reading what it prints,
+//! and taking its process group down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use provisioning::observe::LossCause;
+use provisioning_provider::{AttemptKey, PluginError};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, ChildStderr, ChildStdout};
+use tokio::sync::watch;
+
+use crate::os::{self, TaggedProcess};
+use crate::state::{Life, SessionState, Shared};
+use crate::wire::{self, AgentAnnouncement};
+
+/// How long a stop waits for the agent to exit after `SIGKILL`.
+const EXIT_AFTER_KILL_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// How long a stop waits for the rest of the process group after the agent.
+const GROUP_GONE_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// How often a stop looks at `/proc` while waiting for the group to go.
+const GROUP_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// The longest agent output line relayed to the log; longer lines are cut.
+const RELAYED_LINE_BYTES_MAX: usize = 4096;
+
+/// Waits for the agent to exit and records it. An exit nobody asked for is
+/// the loss of the node: what is left of its group is killed and the loss
+/// reported.
+pub(crate) async fn watch_process(
+    shared: Arc<Shared>,
+    key: AttemptKey,
+    instance: u64,
+    mut child: Child,
+    exited: watch::Sender<bool>,
+) {
+    // Unbounded by design: it ends when the process ends, and the plugin
+    // ends every process it started (destroy, shutdown, drop).
+    let status = child.wait().await;
+    let (before, group) = {
+        let mut table = shared.table();
+        match table.get_mut(&key).filter(|e| e.instance == instance) {
+            Some(entry) => {
+                let before = entry.life;
+                entry.life = Life::Exited;
+                (Some(before), entry.group)
+            }
+            None => (None, 0),
+        }
+    };
+    let _ = exited.send(true);
+    if before == Some(Life::Running) && !shared.is_closing() {
+        tracing::warn!(node = %key, ?status, "node agent exited unexpectedly");
+        // The group leader is reaped, so its id may be reused: find what is
+        // left of the group by its tags instead of signalling the id.
+        if let Ok(left) = os::group_processes(&key.run_id, group) {
+            os::signal_processes(&left, Signal::SIGKILL);
+        }
+        shared.report_lost(&key, LossCause::LeaseGone);
+    } else {
+        tracing::debug!(node = %key, ?status, "node agent exited");
+    }
+}
+
+/// Reads the agent's announcement and records its endpoint; then drains the
+/// rest of its standard output.
+pub(crate) async fn read_announcement(
+    shared: Arc<Shared>,
+    key: AttemptKey,
+    instance: u64,
+    stdout: ChildStdout,
+) {
+    let mut reader = BufReader::new(stdout);
+    match wire::read_message::<AgentAnnouncement, _>(&mut reader).await {
+        Ok(Some(AgentAnnouncement::Listening { address, pid })) if address.ip().is_loopback() => {
+            tracing::debug!(node = %key, %address, pid, "node agent listening");
+            if let Some(entry) = shared
+                .table()
+                .get_mut(&key)
+                .filter(|e| e.instance == instance)
+            {
+                entry.endpoint = Some(address);
+            }
+        }
+        Ok(Some(AgentAnnouncement::Listening { address, .. })) => {
+            tracing::warn!(node = %key, %address, "agent announced a non-loopback address; ignored");
+        }
+        Ok(None) => {
+            tracing::debug!(node = %key, "agent closed its output before announcing");
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(node = %key, %error, "agent announcement rejected");
+        }
+    }
+    // Nothing else is expected here; draining keeps the agent from blocking.
+    let mut sink = tokio::io::sink();
+    let _ = tokio::io::copy(&mut reader, &mut sink).await;
+}
+
+/// Relays the agent's (and its workload's) diagnostics to this process's log.
+pub(crate) async fn relay_output(key: AttemptKey, stderr: ChildStderr) {
+    let mut reader = BufReader::new(stderr);
+    let mut line = Vec::new();
+    let limit = u64::try_from(RELAYED_LINE_BYTES_MAX).unwrap_or(u64::MAX);
+    loop {
+        line.clear();
+        match (&mut reader).take(limit).read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end();
+        let first = text.split_whitespace().next().unwrap_or("");
+        if first == "ERROR" || first == "WARN" {
+            tracing::warn!(target: "provisioning_process::node", node = %key, "{text}");
+        } else {
+            tracing::debug!(target: "provisioning_process::node", node = %key, "{text}");
+        }
+    }
+}
+
+/// Stops the node of `key`: `SIGTERM` to its group, `SIGKILL` after the
+/// grace, then waits (bounded) until the group is gone, and forgets it.
+pub(crate) async fn stop_node(shared: &Arc<Shared>, key: &AttemptKey) -> Result<(), PluginError> {
+    let Some((group, mut exited, session_task)) = ({
+        let mut table = shared.table();
+        table.get_mut(key).map(|entry| {
+            if entry.life == Life::Running {
+                entry.life = Life::Destroying;
+            }
+            let task = entry.session.as_mut().map(|session| {
+                if !session.state.is_over() {
+                    session.state = SessionState::Cancelled;
+                }
+                session.task.clone()
+            });
+            (entry.group, entry.exited.clone(), task)
+        })
+    }) else {
+        return kill_strays(key).await;
+    };
+    if let Some(task) = session_task {
+        task.abort();
+    }
+    signal_group(shared, key, group, Signal::SIGTERM);
+    // A stopped process only acts on SIGTERM once continued.
+    signal_group(shared, key, group, Signal::SIGCONT);
+    let graceful = tokio::time::timeout(shared.stop_grace, exited.wait_for(|gone| *gone))
+        .await
+        .is_ok_and(|result| result.is_ok());
+    if !graceful {
+        tracing::debug!(node = %key, "grace over; killing the node group");
+    }
+    signal_group(shared, key, group, Signal::SIGKILL);
+    if tokio::time::timeout(EXIT_AFTER_KILL_WAIT_MAX, exited.wait_for(|gone| *gone))
+        .await
+        .is_err()
+    {
+        return Err(PluginError::ambiguous(format!(
+            "the node agent of {key} did not exit after SIGKILL"
+        )));
+    }
+    wait_group_gone(key, group).await?;
+    let mut table = shared.table();
+    if table.get(key).is_some_and(|entry| entry.group == group) {
+        table.remove(key);
+    }
+    Ok(())
+}
+
+/// Signals the group of `key`'s agent. While the agent is unreaped its pid
+/// cannot be reused, so the group id is safe to signal; after that, only
+/// processes carrying the node's tags are signalled.
+fn signal_group(shared: &Shared, key: &AttemptKey, group: i32, signal: Signal) {
+    let reaped = shared
+        .table()
+        .get(key)
+        .is_none_or(|entry| entry.life == Life::Exited);
+    if reaped {
+        if let Ok(left) = os::group_processes(&key.run_id, group) {
+            os::signal_processes(&left, signal);
+        }
+    } else if let Err(error) = killpg(Pid::from_raw(group), signal) {
+        tracing::debug!(node = %key, group, %error, ?signal, "cannot signal node group");
+    }
+}
+
+/// Kills what `left` finds, again and again, until it finds nothing or the
+/// bound passes.
+async fn kill_until_gone(
+    key: &AttemptKey,
+    what: &str,
+    left: impl Fn() -> Result<Vec<TaggedProcess>, os::OsError>,
+) -> Result<(), PluginError> {
+    let deadline = tokio::time::Instant::now() + GROUP_GONE_WAIT_MAX;
+    loop {
+        let alive = left()
+            .map_err(|error| PluginError::ambiguous(format!("cannot check processes: {error}")))?;
+        if alive.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(PluginError::ambiguous(format!(
+                "{} {what} of {key} survived SIGKILL",
+                alive.len()
+            )));
+        }
+        os::signal_processes(&alive, Signal::SIGKILL);
+        tokio::time::sleep(GROUP_POLL_INTERVAL).await;
+    }
+}
+
+async fn wait_group_gone(key: &AttemptKey, group: i32) -> Result<(), PluginError> {
+    kill_until_gone(key, "process(es)", || {
+        os::group_processes(&key.run_id, group)
+    })
+    .await
+}
+
+/// Kills processes of `key` the plugin does not know (for example left by a
+/// previous controller that died before its agents noticed).
+async fn kill_strays(key: &AttemptKey) -> Result<(), PluginError> {
+    let strays = os::node_processes(key)
+        .map_err(|error| PluginError::ambiguous(format!("cannot check processes: {error}")))?;
+    if !strays.is_empty() {
+        tracing::warn!(node = %key, count = strays.len(), "killing stray processes of an unknown node");
+    }
+    kill_until_gone(key, "stray process(es)", || os::node_processes(key)).await
+}

@@ -1,0 +1,593 @@
+//! [`ProcessPlugin`]: leases that are local node agent processes.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use provisioning::effect::SessionHandle;
+use provisioning::observe::BootstrapEvent;
+use provisioning::{Endpoint, EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
+use provisioning_provider::{
+    AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
+    PluginError, ProvisionPlugin,
+};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
+
+use crate::agent::env as agent_env;
+use crate::credential::RunSecret;
+use crate::node;
+use crate::os;
+use crate::session::{self, Handshake, SessionCommand, SessionSetup};
+use crate::spawner::Spawner;
+use crate::state::{Life, NodeEntry, SessionRecord, SessionState, Shared};
+use crate::swarm;
+use crate::wire::{BootOrder, JoinOrder, PROTOCOL_VERSION};
+
+/// The provider kind this plugin serves.
+pub const PROVIDER_KIND: &str = "process";
+
+/// The default grace between `SIGTERM` and `SIGKILL` when a node is destroyed.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// How long `start_bootstrap` waits for the agent to take the boot order.
+/// Past it the call is ambiguous; the session goes on and a retry adopts it.
+const HANDSHAKE_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// Starting the plugin failed.
+#[derive(Debug, Error)]
+pub enum ProcessError {
+    /// [`ProcessPlugin::start`] was called outside a tokio runtime.
+    #[error("the process plugin must be started inside a tokio runtime")]
+    NoRuntime,
+    /// The swarm listener could not be bound on loopback.
+    #[error("cannot listen for swarm joins on 127.0.0.1: {0}")]
+    Listen(#[source] std::io::Error),
+    /// The thread that starts agents could not be created.
+    #[error("cannot start the agent spawner thread: {0}")]
+    SpawnerThread(#[source] std::io::Error),
+}
+
+/// How to start a node agent: a program and its leading arguments.
+///
+/// The command must end up in [`crate::agent::main`]; for example the
+/// `provision` binary with `["agent"]`, or `provision-node-agent` with no
+/// arguments. The plugin adds no arguments of its own: it configures the
+/// agent through the environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentCommand {
+    /// The executable.
+    pub program: PathBuf,
+    /// Arguments placed before anything else.
+    pub args: Vec<OsString>,
+}
+
+impl AgentCommand {
+    /// The command `program args…`.
+    pub fn new(program: impl Into<PathBuf>, args: impl IntoIterator<Item = OsString>) -> Self {
+        AgentCommand {
+            program: program.into(),
+            args: args.into_iter().collect(),
+        }
+    }
+
+    /// The form passed to the agent so that it can start its helpers with
+    /// the same command: each part hex-encoded, separated by commas.
+    pub(crate) fn encode(&self) -> String {
+        std::iter::once(self.program.as_os_str())
+            .chain(self.args.iter().map(OsString::as_os_str))
+            .map(|part| hex::encode(part.as_bytes()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// The configuration of one [`ProcessPlugin`], which serves one run.
+#[derive(Clone, Debug)]
+pub struct ProcessPluginConfig {
+    /// The run every node of this plugin belongs to.
+    pub run_id: RunId,
+    /// How to start a node agent.
+    pub agent: AgentCommand,
+    /// The run's secret; node credentials derive from it.
+    pub run_secret: RunSecret,
+    /// The grace between `SIGTERM` and `SIGKILL` when a node is destroyed.
+    pub stop_grace: Duration,
+}
+
+impl ProcessPluginConfig {
+    /// A configuration with a fresh secret and [`DEFAULT_STOP_GRACE`].
+    ///
+    /// # Panics
+    /// As [`RunSecret::generate`].
+    pub fn new(run_id: RunId, agent: AgentCommand) -> Self {
+        ProcessPluginConfig {
+            run_id,
+            agent,
+            run_secret: RunSecret::generate(),
+            stop_grace: DEFAULT_STOP_GRACE,
+        }
+    }
+}
+
+/// A [`ProvisionPlugin`] whose nodes are local agent processes.
+///
+/// Create it with [`ProcessPlugin::start`] inside a tokio runtime (with the
+/// I/O, time and signal drivers enabled). Stop it with
+/// [`ProcessPlugin::shutdown`]; dropping it also kills every node it started.
+pub struct ProcessPlugin {
+    shared: Arc<Shared>,
+    spawner: Spawner,
+    swarm_address: SocketAddr,
+    listener_task: AbortHandle,
+    /// Serialises creates, so that two creates of one key cannot both spawn.
+    create_lock: tokio::sync::Mutex<()>,
+}
+
+impl fmt::Debug for ProcessPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessPlugin")
+            .field("run_id", &self.shared.run_id)
+            .field("swarm_address", &self.swarm_address)
+            .field("nodes", &self.shared.table().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcessPlugin {
+    /// Starts the plugin: binds the swarm listener on `127.0.0.1:0` and the
+    /// thread that spawns agents.
+    ///
+    /// # Errors
+    /// [`ProcessError`] when not inside a tokio runtime, or when the listener
+    /// or the spawner thread cannot be created.
+    pub async fn start(config: ProcessPluginConfig) -> Result<Arc<ProcessPlugin>, ProcessError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| ProcessError::NoRuntime)?;
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .map_err(ProcessError::Listen)?;
+        let swarm_address = listener.local_addr().map_err(ProcessError::Listen)?;
+        let spawner = Spawner::start(runtime).map_err(ProcessError::SpawnerThread)?;
+        let shared = Arc::new(Shared::new(config));
+        let listener_task =
+            tokio::spawn(swarm::accept_loop(shared.clone(), listener)).abort_handle();
+        tracing::info!(run = %shared.run_id, %swarm_address, "process plugin started");
+        Ok(Arc::new(ProcessPlugin {
+            shared,
+            spawner,
+            swarm_address,
+            listener_task,
+            create_lock: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// The loopback address agents join the swarm on.
+    pub fn swarm_address(&self) -> SocketAddr {
+        self.swarm_address
+    }
+
+    /// The run this plugin serves.
+    pub fn run_id(&self) -> &RunId {
+        &self.shared.run_id
+    }
+
+    /// Terminates every node process group the plugin started and stops the
+    /// swarm listener. Idempotent; later creates fail.
+    ///
+    /// # Guarantees
+    /// Bounded: `SIGTERM` to every group, `SIGKILL` after the stop grace,
+    /// then a bounded wait for the groups to disappear. Nothing is reported
+    /// to the sink from the moment shutdown begins.
+    pub async fn shutdown(&self) {
+        self.shared.close();
+        self.listener_task.abort();
+        let keys: Vec<AttemptKey> = {
+            // A create that is spawning right now finishes first, so that its
+            // node is in the table and stopped with the others.
+            let _no_create_in_flight = self.create_lock.lock().await;
+            self.shared.table().keys().cloned().collect()
+        };
+        let mut stops = tokio::task::JoinSet::new();
+        for key in keys {
+            let shared = self.shared.clone();
+            stops.spawn(async move {
+                if let Err(error) = node::stop_node(&shared, &key).await {
+                    tracing::warn!(node = %key, %error, "node did not stop cleanly at shutdown");
+                }
+            });
+        }
+        while stops.join_next().await.is_some() {}
+    }
+
+    fn check_run(&self, key: &AttemptKey) -> Result<(), PluginError> {
+        if key.run_id != self.shared.run_id {
+            return Err(PluginError::definite(format!(
+                "this process plugin serves run {}, not {}",
+                self.shared.run_id, key.run_id
+            )));
+        }
+        if self.shared.is_closing() {
+            return Err(PluginError::definite("the process plugin is shut down"));
+        }
+        Ok(())
+    }
+
+    fn agent_command(&self, key: &AttemptKey) -> std::process::Command {
+        let shared = &self.shared;
+        let mut command = std::process::Command::new(&shared.agent.program);
+        command
+            .args(&shared.agent.args)
+            .env_remove(agent_env::ROLE)
+            .env(os::RUN_TAG, key.run_id.as_str())
+            .env(os::NODE_TAG, key.node.to_string())
+            .env(os::ATTEMPT_TAG, key.attempt.get().to_string())
+            .env(agent_env::PARENT_PID, std::process::id().to_string())
+            .env(
+                agent_env::STOP_GRACE_MS,
+                shared.stop_grace.as_millis().to_string(),
+            )
+            .env(agent_env::COMMAND, shared.agent.encode())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        command
+    }
+
+    async fn spawn_node(&self, key: &AttemptKey) -> Result<NodeLease, PluginError> {
+        let mut child = self
+            .spawner
+            .spawn(self.agent_command(key))
+            .await
+            .map_err(|error| {
+                PluginError::definite(format!(
+                    "cannot start node agent {}: {error}",
+                    self.shared.agent.program.display()
+                ))
+            })?;
+        let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) else {
+            // Already exited and reaped: nothing of it is left.
+            return Err(PluginError::definite(
+                "the node agent exited before its pid was known",
+            ));
+        };
+        let lease = LeaseHandle(format!("process:{pid}"));
+        let instance = self.shared.next_serial();
+        let (exited_tx, exited) = watch::channel(false);
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        self.shared.table().insert(
+            key.clone(),
+            NodeEntry {
+                instance,
+                lease: lease.clone(),
+                group: pid,
+                endpoint: None,
+                life: Life::Running,
+                exited,
+                session: None,
+            },
+        );
+        tracing::info!(node = %key, pid, "node agent started");
+        tokio::spawn(node::watch_process(
+            self.shared.clone(),
+            key.clone(),
+            instance,
+            child,
+            exited_tx,
+        ));
+        if let Some(stdout) = stdout {
+            tokio::spawn(node::read_announcement(
+                self.shared.clone(),
+                key.clone(),
+                instance,
+                stdout,
+            ));
+        }
+        if let Some(stderr) = stderr {
+            tokio::spawn(node::relay_output(key.clone(), stderr));
+        }
+        Ok(NodeLease {
+            lease,
+            endpoint: None,
+            adopted: false,
+        })
+    }
+
+    fn boot_order(&self, key: &AttemptKey, spec: &LogicalNodeSpec) -> BootOrder {
+        let template = spec.template();
+        BootOrder {
+            protocol: PROTOCOL_VERSION,
+            run: key.run_id.as_str().to_owned(),
+            node: key.node.to_string(),
+            attempt: key.attempt.get(),
+            user: template.boot.user.clone(),
+            verify_commands: template.boot.verify_commands.clone(),
+            start_command: template.boot.start_command.clone(),
+            env: template.boot.env.clone(),
+            args: template.boot.args.clone(),
+            join: JoinOrder {
+                address: self.swarm_address,
+                credential: self.shared.secret.credential(key).to_hex(),
+                swarm: template.swarm_join.swarm.clone(),
+                labels: template.swarm_join.labels.clone(),
+            },
+        }
+    }
+
+    /// Adopts the session of `key` if there is one; otherwise starts one.
+    /// Returns the handshake to wait for and whether it was adopted.
+    fn open_session(
+        &self,
+        key: &AttemptKey,
+        request: &BootstrapRequest,
+    ) -> Result<(SessionHandle, watch::Receiver<Handshake>, bool), PluginError> {
+        let mut table = self.shared.table();
+        let entry = table
+            .get_mut(key)
+            .ok_or_else(|| PluginError::not_found(format!("no node process for {key}")))?;
+        if entry.life != Life::Running {
+            return Err(PluginError::not_found(format!(
+                "the node process of {key} is gone"
+            )));
+        }
+        if let Some(session) = &entry.session {
+            if session.state == SessionState::Cancelled {
+                return Err(PluginError::definite(format!(
+                    "the bootstrap of {key} was cancelled; an agent boots once"
+                )));
+            }
+            return Ok((session.handle.clone(), session.handshake.clone(), true));
+        }
+        let endpoint = parse_loopback(&request.endpoint)?;
+        let serial = self.shared.next_serial();
+        let handle = SessionHandle(format!("boot:{key}#{serial}"));
+        let (handshake_tx, handshake) = watch::channel(Handshake::Pending);
+        let (commands, commands_rx) = mpsc::channel(session::SESSION_COMMANDS_MAX);
+        let setup = SessionSetup {
+            key: key.clone(),
+            serial,
+            endpoint,
+            order: self.boot_order(key, &request.spec),
+        };
+        let task = tokio::spawn(session::run(
+            self.shared.clone(),
+            setup,
+            handshake_tx,
+            commands_rx,
+        ))
+        .abort_handle();
+        entry.session = Some(SessionRecord {
+            serial,
+            handle: handle.clone(),
+            state: SessionState::Handshaking,
+            swarm: request.spec.template().swarm_join.swarm.clone(),
+            handshake: handshake.clone(),
+            commands,
+            task,
+        });
+        Ok((handle, handshake, false))
+    }
+}
+
+impl Drop for ProcessPlugin {
+    fn drop(&mut self) {
+        self.shared.close();
+        self.listener_task.abort();
+        let mut table = self.shared.table();
+        for (key, entry) in table.iter_mut() {
+            if let Some(session) = &entry.session {
+                session.task.abort();
+            }
+            if entry.life != Life::Exited {
+                tracing::debug!(node = %key, group = entry.group, "killing node group on drop");
+                let _ = killpg(Pid::from_raw(entry.group), Signal::SIGKILL);
+                entry.life = Life::Destroying;
+            }
+        }
+    }
+}
+
+fn parse_loopback(endpoint: &Endpoint) -> Result<SocketAddr, PluginError> {
+    let address: SocketAddr = endpoint.0.parse().map_err(|_| {
+        PluginError::definite(format!("endpoint {:?} is not an address", endpoint.0))
+    })?;
+    if !address.ip().is_loopback() {
+        return Err(PluginError::definite(format!(
+            "endpoint {address} is not on loopback"
+        )));
+    }
+    Ok(address)
+}
+
+#[async_trait]
+impl ProvisionPlugin for ProcessPlugin {
+    fn kind(&self) -> &str {
+        PROVIDER_KIND
+    }
+
+    fn attach(&self, sink: ObservationSink) {
+        self.shared.attach(sink);
+    }
+
+    /// Starts the agent of `key`, or adopts the live one.
+    ///
+    /// # Errors
+    /// Definite when the agent cannot be spawned (for example a missing
+    /// binary): nothing was started.
+    async fn create_node(
+        &self,
+        key: &AttemptKey,
+        _spec: &LogicalNodeSpec,
+    ) -> Result<NodeLease, PluginError> {
+        self.check_run(key)?;
+        let _one_create_at_a_time = self.create_lock.lock().await;
+        // Shutdown may have begun while this call waited for the lock.
+        self.check_run(key)?;
+        let dead = {
+            let table = self.shared.table();
+            match table.get(key) {
+                Some(entry) if entry.life == Life::Running => {
+                    return Ok(NodeLease {
+                        lease: entry.lease.clone(),
+                        endpoint: entry.endpoint.map(|a| Endpoint(a.to_string())),
+                        adopted: true,
+                    });
+                }
+                Some(_) => true,
+                None => false,
+            }
+        };
+        if dead {
+            // The earlier process of this key is gone or going: finish it off
+            // so that at most one process of the key ever lives.
+            node::stop_node(&self.shared, key).await?;
+        }
+        self.spawn_node(key).await
+    }
+
+    async fn lookup_endpoint(
+        &self,
+        key: &AttemptKey,
+        _lease: &LeaseHandle,
+    ) -> Result<EndpointLookup, PluginError> {
+        let table = self.shared.table();
+        let entry = table
+            .get(key)
+            .ok_or_else(|| PluginError::not_found(format!("no node process for {key}")))?;
+        if entry.life != Life::Running {
+            return Err(PluginError::not_found(format!(
+                "the node process of {key} is gone"
+            )));
+        }
+        Ok(match entry.endpoint {
+            Some(address) => EndpointLookup::Ready(Endpoint(address.to_string())),
+            None => EndpointLookup::NotReady,
+        })
+    }
+
+    /// Connects to `request.endpoint` and hands the agent its boot order, or
+    /// adopts the session of `key` that already exists.
+    ///
+    /// # Errors
+    /// Definite when the endpoint is unusable, the connection is refused or
+    /// the agent refuses the order; ambiguous when the agent does not answer
+    /// in time (the session goes on, and a retry adopts it).
+    async fn start_bootstrap(
+        &self,
+        key: &AttemptKey,
+        request: &BootstrapRequest,
+    ) -> Result<BootstrapSession, PluginError> {
+        self.check_run(key)?;
+        let (session, mut handshake, adopted) = self.open_session(key, request)?;
+        let answer = tokio::time::timeout(
+            HANDSHAKE_WAIT_MAX,
+            handshake.wait_for(|h| *h != Handshake::Pending),
+        )
+        .await;
+        let outcome = match answer {
+            Err(_) => {
+                return Err(PluginError::ambiguous(format!(
+                    "the agent of {key} did not take its boot order within {HANDSHAKE_WAIT_MAX:?}"
+                )));
+            }
+            Ok(Err(_)) => Handshake::Broken("the session ended before the agent answered".into()),
+            Ok(Ok(outcome)) => outcome.clone(),
+        };
+        match outcome {
+            Handshake::Accepted => Ok(BootstrapSession { session, adopted }),
+            Handshake::Broken(_) if adopted => Ok(BootstrapSession { session, adopted }),
+            Handshake::Broken(reason) => Err(PluginError::ambiguous(reason)),
+            Handshake::Refused(reason) | Handshake::ConnectFailed(reason) => {
+                Err(PluginError::definite(reason))
+            }
+            Handshake::Pending => Err(PluginError::ambiguous("no answer from the agent")),
+        }
+    }
+
+    async fn complete_bootstrap(
+        &self,
+        key: &AttemptKey,
+        _session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError> {
+        let commands = {
+            let mut table = self.shared.table();
+            let session = table
+                .get_mut(key)
+                .and_then(|entry| entry.session.as_mut())
+                .ok_or_else(|| PluginError::not_found(format!("no bootstrap session for {key}")))?;
+            match session.state {
+                SessionState::Closed => return Ok(()),
+                SessionState::Joined => {
+                    session.state = SessionState::Closed;
+                    session.commands.clone()
+                }
+                other => {
+                    return Err(PluginError::definite(format!(
+                        "the bootstrap of {key} cannot complete: the agent has not joined ({other:?})"
+                    )));
+                }
+            }
+        };
+        let _ = commands.try_send(SessionCommand::Close);
+        self.shared.report(key, BootstrapEvent::Closed);
+        Ok(())
+    }
+
+    async fn cancel_bootstrap(
+        &self,
+        key: &AttemptKey,
+        _session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError> {
+        let mut table = self.shared.table();
+        if let Some(session) = table.get_mut(key).and_then(|entry| entry.session.as_mut())
+            && !session.state.is_over()
+        {
+            // Dropping the control connection before the join tells the
+            // agent to abandon its boot.
+            session.state = SessionState::Cancelled;
+            session.task.abort();
+            tracing::debug!(node = %key, "bootstrap cancelled");
+        }
+        Ok(())
+    }
+
+    /// Terminates the node's process group and waits until it is gone.
+    ///
+    /// # Errors
+    /// Ambiguous when processes of the node survive the bounded wait.
+    async fn destroy_node(
+        &self,
+        key: &AttemptKey,
+        _lease: &LeaseHandle,
+    ) -> Result<(), PluginError> {
+        node::stop_node(&self.shared, key).await
+    }
+
+    async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
+        if *run != self.shared.run_id {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .shared
+            .table()
+            .iter()
+            .filter(|(_, entry)| entry.life != Life::Exited)
+            .map(|(key, entry)| ListedNode {
+                key: key.clone(),
+                lease: entry.lease.clone(),
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,356 @@
+//! The wire formats between the controller and its node agents.
+//!
+//! Every message is one line of JSON (an object with a `"type"` field),
+//! at most [`MAX_LINE_BYTES`] long including the newline. There are three
+//! channels:
+//!
+//! 1. **Announcement** — the agent's standard output. Its first line is an
+//!    [`AgentAnnouncement::Listening`] naming the loopback address of its
+//!    control listener; that address is the node's endpoint.
+//! 2. **Control** — a TCP connection from the controller to the agent's
+//!    endpoint, one per bootstrap session. The controller sends a
+//!    [`ControlRequest::Boot`]; the agent answers [`ControlReply::Accepted`]
+//!    (or [`ControlReply::Refused`]) and then streams progress. When the
+//!    agent reports [`ProgressStage::WaitingForJoin`], the controller answers
+//!    [`ControlRequest::Join`] and the agent joins the swarm. After the join,
+//!    [`ControlRequest::Close`] ends the session; the agent keeps running.
+//!    The controller closing the connection before the join cancels the boot.
+//! 3. **Swarm** — a TCP connection from the agent to the controller's swarm
+//!    listener. The agent sends a [`SwarmHello`] with its key and credential;
+//!    the controller answers [`SwarmReply::Welcome`] or
+//!    [`SwarmReply::Rejected`]. A welcomed agent keeps the connection open for
+//!    its whole life and may send [`SwarmNotice`]s; its end is the agent's
+//!    loss.
+//!
+//! A malformed or oversized line is rejected with a log line and ends the
+//! connection; nothing else on either side changes.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The protocol version both sides must speak.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The longest accepted line, newline included.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// The first line an agent prints on its standard output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentAnnouncement {
+    /// The agent accepts control connections at `address`.
+    Listening {
+        /// A loopback address.
+        address: SocketAddr,
+        /// The agent's process id, for logs.
+        pid: u32,
+    },
+}
+
+/// What the agent needs to boot: the group's boot parameters and how to join.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootOrder {
+    /// Must equal [`PROTOCOL_VERSION`].
+    pub protocol: u32,
+    /// The run the agent belongs to; must match its own tag.
+    pub run: String,
+    /// The slot, `{group}-{index}`; must match the agent's tag.
+    pub node: String,
+    /// The attempt; must match the agent's tag.
+    pub attempt: u64,
+    /// The user commands run as; empty means the agent's own user.
+    pub user: String,
+    /// Commands that must all exit with status 0 before the workload starts.
+    pub verify_commands: Vec<String>,
+    /// The workload; empty means the agent alone is the workload.
+    pub start_command: String,
+    /// Environment for verify and start commands.
+    pub env: BTreeMap<String, String>,
+    /// Positional arguments given to the start command (`$1`, `$2`, …).
+    pub args: Vec<String>,
+    /// How to join the run's swarm.
+    pub join: JoinOrder,
+}
+
+/// Where and how an agent joins the swarm.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinOrder {
+    /// The controller's swarm listener (loopback).
+    pub address: SocketAddr,
+    /// The node's credential, hex.
+    pub credential: String,
+    /// The swarm within the run.
+    pub swarm: String,
+    /// Labels announced on join.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Controller → agent, on a control connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControlRequest {
+    /// Boot with these parameters. Accepted once per agent lifetime.
+    Boot(Box<BootOrder>),
+    /// Go ahead and join the swarm (answers [`ProgressStage::WaitingForJoin`]).
+    Join,
+    /// The session is over; the agent keeps running.
+    Close,
+}
+
+/// A bootstrap stage the agent reports as it enters it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressStage {
+    /// Running the verify commands.
+    BootChecking,
+    /// Starting the workload.
+    AgentStarting,
+    /// Ready to join; waiting for the controller's go-ahead.
+    WaitingForJoin,
+}
+
+/// The stage at which a boot failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureStage {
+    /// A verify command failed.
+    BootCheck,
+    /// The workload could not be started.
+    Start,
+    /// Joining the swarm failed.
+    Join,
+}
+
+/// Agent → controller, on a control connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControlReply {
+    /// The boot order was taken; progress follows.
+    Accepted,
+    /// The boot order was refused; nothing was started.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// The agent entered a stage.
+    Progress {
+        /// The stage.
+        stage: ProgressStage,
+    },
+    /// The boot failed; the agent stays up but does nothing more.
+    Failed {
+        /// Where it failed.
+        stage: FailureStage,
+        /// What went wrong, for operators.
+        detail: String,
+    },
+    /// The swarm welcomed the agent.
+    Joined,
+}
+
+/// Agent → controller: the first line on a swarm connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename = "hello")]
+pub struct SwarmHello {
+    /// Must equal [`PROTOCOL_VERSION`].
+    pub protocol: u32,
+    /// The run the agent claims.
+    pub run: String,
+    /// The slot the agent claims.
+    pub node: String,
+    /// The attempt the agent claims.
+    pub attempt: u64,
+    /// The credential for that key, hex.
+    pub credential: String,
+    /// The swarm within the run.
+    pub swarm: String,
+    /// Labels the agent announces.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Controller → agent: the answer to a [`SwarmHello`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SwarmReply {
+    /// The agent is a member of the swarm from now on.
+    Welcome,
+    /// The hello was refused; the controller closes the connection.
+    Rejected {
+        /// Why, in general terms (no secret material).
+        reason: String,
+    },
+}
+
+/// Agent → controller: informational messages on a welcomed swarm connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SwarmNotice {
+    /// The workload exited.
+    WorkloadExited {
+        /// Its exit code, when it exited normally.
+        code: Option<i32>,
+        /// The signal that ended it, when one did.
+        signal: Option<i32>,
+    },
+}
+
+/// A line could not be read or written.
+#[derive(Debug, Error)]
+pub enum WireError {
+    /// The connection failed.
+    #[error("connection error: {0}")]
+    Io(#[from] std::io::Error),
+    /// A line exceeded [`MAX_LINE_BYTES`].
+    #[error("line longer than {MAX_LINE_BYTES} bytes")]
+    LineTooLong,
+    /// The connection ended in the middle of a line.
+    #[error("connection closed in the middle of a line")]
+    Truncated,
+    /// A line was not a valid message.
+    #[error("malformed message: {0}")]
+    Malformed(#[source] serde_json::Error),
+}
+
+/// Reads one message. `Ok(None)` is a clean end of the stream.
+///
+/// Not cancel-safe: a partially read line is lost if the future is dropped.
+/// Callers that select over a reader give it a task of its own.
+///
+/// # Errors
+/// [`WireError`] for I/O errors, oversized or truncated lines, and lines
+/// that do not parse as `T`.
+pub async fn read_message<T, R>(reader: &mut R) -> Result<Option<T>, WireError>
+where
+    T: DeserializeOwned,
+    R: AsyncBufRead + Unpin,
+{
+    let mut line = Vec::new();
+    let limit = u64::try_from(MAX_LINE_BYTES).unwrap_or(u64::MAX);
+    let read = (&mut *reader)
+        .take(limit)
+        .read_until(b'\n', &mut line)
+        .await?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(if line.len() >= MAX_LINE_BYTES {
+            WireError::LineTooLong
+        } else {
+            WireError::Truncated
+        });
+    }
+    serde_json::from_slice(&line)
+        .map(Some)
+        .map_err(WireError::Malformed)
+}
+
+/// Encodes a message as one line, newline included.
+///
+/// # Errors
+/// [`WireError::Malformed`] when `T` does not serialise (never for the types
+/// here), [`WireError::LineTooLong`] when the line would exceed the limit.
+pub fn encode_message<T: Serialize>(message: &T) -> Result<Vec<u8>, WireError> {
+    let mut line = serde_json::to_vec(message).map_err(WireError::Malformed)?;
+    line.push(b'\n');
+    if line.len() > MAX_LINE_BYTES {
+        return Err(WireError::LineTooLong);
+    }
+    Ok(line)
+}
+
+/// Writes one message and flushes.
+///
+/// # Errors
+/// As [`encode_message`], plus [`WireError::Io`].
+pub async fn write_message<T, W>(writer: &mut W, message: &T) -> Result<(), WireError>
+where
+    T: Serialize,
+    W: AsyncWrite + Unpin,
+{
+    let line = encode_message(message)?;
+    writer.write_all(&line).await?;
+    writer.flush().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn read_all<T: DeserializeOwned>(input: &[u8]) -> Vec<Result<Option<T>, String>> {
+        let mut reader = tokio::io::BufReader::new(input);
+        let mut out = Vec::new();
+        for _ in 0..8 {
+            let result = read_message::<T, _>(&mut reader)
+                .await
+                .map_err(|e| e.to_string());
+            let stop = !matches!(result, Ok(Some(_)));
+            out.push(result);
+            if stop {
+                break;
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn messages_round_trip_as_tagged_json_lines() {
+        let reply = ControlReply::Failed {
+            stage: FailureStage::BootCheck,
+            detail: "exit 3".into(),
+        };
+        let line = encode_message(&reply).unwrap();
+        assert_eq!(
+            String::from_utf8(line.clone()).unwrap(),
+            "{\"type\":\"failed\",\"stage\":\"boot_check\",\"detail\":\"exit 3\"}\n"
+        );
+        assert_eq!(
+            read_all::<ControlReply>(&line).await,
+            vec![Ok(Some(reply)), Ok(None)]
+        );
+        let hello: SwarmHello = serde_json::from_str(
+            r#"{"type":"hello","protocol":1,"run":"r","node":"g-0","attempt":2,
+                "credential":"00","swarm":"s","labels":{}}"#,
+        )
+        .unwrap();
+        assert_eq!(hello.attempt, 2);
+    }
+
+    #[tokio::test]
+    async fn malformed_truncated_and_oversized_lines_are_errors() {
+        assert_eq!(
+            read_all::<ControlReply>(b"{\"type\":\"nonsense\"}\n").await[0]
+                .as_ref()
+                .unwrap_err()
+                .split(':')
+                .next(),
+            Some("malformed message")
+        );
+        assert_eq!(
+            read_all::<ControlReply>(b"{\"type\":\"accepted\"}").await,
+            vec![Err("connection closed in the middle of a line".to_owned())]
+        );
+        let long = vec![b'x'; MAX_LINE_BYTES + 10];
+        assert_eq!(
+            read_all::<ControlReply>(&long).await,
+            vec![Err(format!("line longer than {MAX_LINE_BYTES} bytes"))]
+        );
+    }
+
+    #[test]
+    fn encoding_refuses_oversized_messages() {
+        let reply = ControlReply::Refused {
+            reason: "x".repeat(MAX_LINE_BYTES),
+        };
+        assert!(matches!(
+            encode_message(&reply),
+            Err(WireError::LineTooLong)
+        ));
+    }
+}
