@@ -17,6 +17,11 @@ use provisioning::{
     RetryPolicy, RunId, RunOrder, SessionHandle, SwarmJoinTemplate, Timestamp,
 };
 
+/// Counts live and peak heap bytes, so memory per node is measured from the
+/// allocator as well as from the resident set.
+#[global_allocator]
+static ALLOCATOR: peak_alloc::PeakAlloc = peak_alloc::PeakAlloc;
+
 struct InstantBackend;
 
 impl EffectBackend for InstantBackend {
@@ -219,7 +224,13 @@ fn per_node(d: Duration, nodes: u32) -> f64 {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--bring-up") {
+        let n = args[i + 2].parse().expect("node count");
+        bring_up_child(&args[i + 1], n);
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
     let sizes: &[u32] = if quick {
         &[1_000, 10_000]
     } else {
@@ -244,28 +255,72 @@ fn main() {
     }
 
     let n = if quick { 10_000 } else { 100_000 };
-    println!("\n# bring-up of {n} nodes to convergence (instant backend)");
     println!(
-        "{:>12} {:>10} {:>10} {:>14} {:>12}",
-        "delivery", "wall ms", "passes", "peak RSS MiB", "bytes/node"
+        "\n# bring-up of {n} nodes to convergence (instant backend; each run in its own process)"
     );
-    for delivery in [Delivery::Batch, Delivery::OneAtATime] {
-        let before = rss_kib().unwrap_or(0);
-        let up = bring_up(n, delivery);
-        let after = rss_kib().unwrap_or(0);
-        let peak = peak_rss_kib().unwrap_or(0);
-        let name = match delivery {
-            Delivery::Batch => "batch",
-            Delivery::OneAtATime => "one-at-a-time",
-        };
-        println!(
-            "{name:>12} {:>10} {:>10} {:>14.1} {:>12}",
-            up.wall.as_millis(),
-            up.passes,
-            peak as f64 / 1024.0,
-            (after.saturating_sub(before) * 1024) / u64::from(n)
+    println!(
+        "{:>14} {:>10} {:>10} {:>14} {:>12} {:>14} {:>14}",
+        "delivery",
+        "wall ms",
+        "passes",
+        "peak RSS MiB",
+        "RSS B/node",
+        "peak heap B/node",
+        "end heap B/node"
+    );
+    for delivery in ["batch", "one-at-a-time"] {
+        let exe = std::env::current_exe().expect("own path");
+        let output = std::process::Command::new(exe)
+            .args(["--bring-up", delivery, &n.to_string()])
+            .output()
+            .expect("child bench runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
         );
-        assert!(up.spawner.is_empty());
-        drop(up);
+        print!("{}", String::from_utf8_lossy(&output.stdout));
+    }
+}
+
+/// One bring-up in this process; prints one table row. Memory per node is the
+/// peak resident set minus the resident set before the run, over `n`.
+fn bring_up_child(delivery: &str, n: u32) {
+    let mode = if delivery == "batch" {
+        Delivery::Batch
+    } else {
+        Delivery::OneAtATime
+    };
+    let before = rss_kib().unwrap_or(0);
+    let heap_before = ALLOCATOR.current_usage();
+    ALLOCATOR.reset_peak_usage();
+    let up = bring_up(n, mode);
+    let peak = peak_rss_kib().unwrap_or(0);
+    let heap_peak = ALLOCATOR.peak_usage().saturating_sub(heap_before);
+    let heap_end = ALLOCATOR.current_usage().saturating_sub(heap_before);
+    println!(
+        "{delivery:>14} {:>10} {:>10} {:>14.1} {:>12} {:>14} {:>14}",
+        up.wall.as_millis(),
+        up.passes,
+        peak as f64 / 1024.0,
+        (peak.saturating_sub(before) * 1024) / u64::from(n),
+        heap_peak / n as usize,
+        heap_end / n as usize,
+    );
+    assert!(up.spawner.is_empty());
+    if std::env::var_os("BENCH_BREAKDOWN").is_some() {
+        let BringUp {
+            driver, executor, ..
+        } = up;
+        let all = ALLOCATOR.current_usage();
+        drop(executor);
+        let without_executor = ALLOCATOR.current_usage();
+        drop(driver);
+        let without_driver = ALLOCATOR.current_usage();
+        eprintln!(
+            "executor {} B/node, driver {} B/node",
+            (all - without_executor) / n as usize,
+            (without_executor - without_driver) / n as usize
+        );
     }
 }

@@ -28,6 +28,10 @@ use crate::time::{ClockSaturated, Timestamp};
 /// (mark destroyed, restart, dispatch); more means something keeps re-queueing.
 pub const MAX_PASSES_PER_DRIVE: u32 = 16;
 
+/// Inserting at least this many nodes in one pass (and at least an eighth of
+/// the map) rebuilds the node map in one merge instead of node by node.
+const BULK_MERGE_MIN: usize = 64;
+
 /// Where the driver hands recorded operations.
 ///
 /// # Assumptions
@@ -320,6 +324,8 @@ pub struct ClusterDriver {
     schedule: Schedule,
     status: PassStatus,
     counters: DriverCounters,
+    /// Nodes inserted by the open pass, merged into the state when it ends.
+    inserted: BTreeMap<LogicalNodeId, ManagedNode>,
 }
 
 impl ClusterDriver {
@@ -346,6 +352,7 @@ impl ClusterDriver {
             schedule: Schedule::default(),
             status: PassStatus::Idle { queued: false },
             counters: DriverCounters::default(),
+            inserted: BTreeMap::new(),
         };
         let deadlines: Vec<_> = driver
             .state
@@ -804,11 +811,15 @@ impl ClusterDriver {
             };
             if let Err(error) = applied {
                 // Look at the node again later rather than spinning on it now.
-                let retry_at = now.saturating_add(self.policy.backoff_initial);
-                self.schedule.set_timer(&id, Some(retry_at));
+                // At the end of the clock there is no later: a timer at `now`
+                // would be due at once, forever, so none is set.
+                let retry_at =
+                    Some(now.saturating_add(self.policy.backoff_initial)).filter(|at| *at > now);
+                self.schedule.set_timer(&id, retry_at);
                 errors.push((id, error));
             }
         }
+        self.merge_inserted();
         let generation = self.desired.generation();
         if self.state.observed_generation < Some(generation) {
             self.state.observed_generation = Some(generation);
@@ -822,6 +833,26 @@ impl ClusterDriver {
             Ok(report)
         } else {
             Err(DriverError::NodeErrors(errors))
+        }
+    }
+
+    /// Adds the nodes inserted by this pass to the node map. Many at once
+    /// (a bring-up) are merged in one go, which leaves the map's nodes fully
+    /// packed; inserting them one by one in slot order would leave them half
+    /// empty and cost close to twice the memory.
+    fn merge_inserted(&mut self) {
+        if self.inserted.len() >= BULK_MERGE_MIN.max(self.state.nodes.len() / 8) {
+            // `append` into an empty map would just swap the maps; seeding it
+            // with one node makes it rebuild the merged tree packed.
+            if self.state.nodes.is_empty() {
+                if let Some((id, node)) = self.inserted.pop_first() {
+                    self.state.nodes.insert(id, node);
+                }
+            }
+            self.state.nodes.append(&mut self.inserted);
+        } else {
+            let inserted = std::mem::take(&mut self.inserted);
+            self.state.nodes.extend(inserted);
         }
     }
 
@@ -846,9 +877,13 @@ impl ClusterDriver {
                     ..RetryState::default()
                 };
                 let attempt = self.state.attempts.allocate()?;
-                self.state
-                    .nodes
-                    .insert(id.clone(), ManagedNode::new(spec, attempt, retry));
+                let node = ManagedNode::new(spec, attempt, retry);
+                if action == NodeAction::Insert {
+                    // Merged into the map at the end of the pass.
+                    self.inserted.insert(id.clone(), node);
+                } else {
+                    self.state.nodes.insert(id.clone(), node);
+                }
             }
             NodeAction::Reap => {
                 self.state.nodes.remove(id);

@@ -79,7 +79,7 @@ pub struct SessionHandle(pub String);
 
 /// The input of one effect. Every effect is keyed by `(run, node, attempt)`;
 /// handles are passed along where the driver knows them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum EffectRequest {
     /// Create or adopt the lease of this attempt.
     CreateLease,

@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -26,8 +27,9 @@ use futures_channel::oneshot;
 use futures_util::FutureExt;
 
 use crate::driver::{OperationSink, SubmitError};
-use crate::effect::{EffectError, EffectOutput, ExecutorResult, Operation};
-use crate::id::{NodeAttemptId, OperationId, OperationSequence};
+use crate::effect::{EffectError, EffectKind, EffectOutput, ExecutorResult, Operation};
+use crate::id::{LogicalNodeId, NodeAttemptId, OperationId, OperationSequence};
+use crate::shape::NodeTemplate;
 use crate::spawn::{BoxFuture, Spawner};
 
 /// Where provider I/O happens.
@@ -79,8 +81,40 @@ pub struct ExecutorCounters {
     pub waited: u64,
 }
 
+/// What identifies an operation's input, kept instead of a copy of it: a
+/// hash of everything but the template, and the shared template itself
+/// (compared by pointer first, by content when the pointers differ).
+#[derive(Clone)]
+struct InputPrint {
+    id: OperationId,
+    kind: EffectKind,
+    hash: u64,
+    template: Arc<NodeTemplate>,
+}
+
+impl InputPrint {
+    fn of(op: &Operation) -> Self {
+        let mut hasher = DefaultHasher::new();
+        (&op.id, &op.run_id, &op.node, op.spec.id(), &op.request).hash(&mut hasher);
+        InputPrint {
+            id: op.id,
+            kind: op.kind(),
+            hash: hasher.finish(),
+            template: op.spec.shared_template().clone(),
+        }
+    }
+
+    /// `None` when `other` has another id; otherwise whether its input matches.
+    fn same_input(&self, other: &InputPrint) -> Option<bool> {
+        (self.id == other.id).then(|| {
+            self.hash == other.hash
+                && (Arc::ptr_eq(&self.template, &other.template) || self.template == other.template)
+        })
+    }
+}
+
 struct Running {
-    op: Operation,
+    print: InputPrint,
     /// Set once the operation expired or was superseded: its late result is
     /// dropped.
     expired: bool,
@@ -88,24 +122,55 @@ struct Running {
     gates: Vec<oneshot::Sender<()>>,
 }
 
-#[derive(Default)]
+struct Completed {
+    print: InputPrint,
+    outcome: Result<EffectOutput, EffectError>,
+}
+
 struct AttemptLedger {
+    node: LogicalNodeId,
     highest: Option<OperationSequence>,
     running: Option<Running>,
-    waiting: Option<Operation>,
-    completed: Option<(Operation, ExecutorResult)>,
+    waiting: Option<InputPrint>,
+    completed: Option<Completed>,
     retired: bool,
 }
 
 impl AttemptLedger {
+    fn new(node: LogicalNodeId) -> Self {
+        AttemptLedger {
+            node,
+            highest: None,
+            running: None,
+            waiting: None,
+            completed: None,
+            retired: false,
+        }
+    }
+
     fn idle(&self) -> bool {
         self.running.is_none() && self.waiting.is_none()
+    }
+
+    fn result(
+        &self,
+        print: &InputPrint,
+        outcome: Result<EffectOutput, EffectError>,
+    ) -> ExecutorResult {
+        ExecutorResult {
+            op: print.id,
+            node: self.node.clone(),
+            kind: print.kind,
+            outcome,
+        }
     }
 }
 
 #[derive(Default)]
 struct Ledger {
-    attempts: BTreeMap<NodeAttemptId, AttemptLedger>,
+    /// Boxed: attempts arrive in increasing order, which leaves a B-tree's
+    /// nodes half full; small boxed entries waste little of that space.
+    attempts: BTreeMap<NodeAttemptId, Box<AttemptLedger>>,
     outbox: VecDeque<ExecutorResult>,
     counters: ExecutorCounters,
     closed: bool,
@@ -142,15 +207,6 @@ impl<B: EffectBackend + ?Sized> fmt::Debug for IdempotentEffectExecutor<B> {
         f.debug_struct("IdempotentEffectExecutor")
             .field("counters", &self.counters())
             .finish_non_exhaustive()
-    }
-}
-
-fn result_of(op: &Operation, outcome: Result<EffectOutput, EffectError>) -> ExecutorResult {
-    ExecutorResult {
-        op: op.id,
-        node: op.node.clone(),
-        kind: op.kind(),
-        outcome,
     }
 }
 
@@ -206,7 +262,7 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         let ledger = self.shared.lock();
         let mut ids = Vec::new();
         for attempt in ledger.attempts.values() {
-            ids.extend(attempt.running.as_ref().map(|r| r.op.id));
+            ids.extend(attempt.running.as_ref().map(|r| r.print.id));
             ids.extend(attempt.waiting.as_ref().map(|w| w.id));
         }
         ids
@@ -229,27 +285,29 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
             counters,
             ..
         } = &mut *ledger;
-        let entry = attempts.entry(op.attempt()).or_default();
-
-        let same = |known: &Operation| -> Option<Result<(), SubmitError>> {
-            (known.id == op.id).then(|| {
-                if *known == op {
+        let entry = attempts
+            .entry(op.attempt())
+            .or_insert_with(|| Box::new(AttemptLedger::new(op.node.clone())));
+        let print = InputPrint::of(&op);
+        let verdict = |known: &InputPrint| {
+            known.same_input(&print).map(|same| {
+                if same {
                     Ok(())
                 } else {
                     Err(SubmitError::ConflictingInput(op.id))
                 }
             })
         };
-        if let Some(verdict) = entry.running.as_ref().and_then(|r| same(&r.op)) {
+        if let Some(verdict) = entry.running.as_ref().and_then(|r| verdict(&r.print)) {
             return verdict.map(|()| Submitted::AlreadyRunning);
         }
-        if let Some(verdict) = entry.waiting.as_ref().and_then(same) {
+        if let Some(verdict) = entry.waiting.as_ref().and_then(verdict) {
             return verdict.map(|()| Submitted::AlreadyRunning);
         }
-        if let Some((known, result)) = &entry.completed {
-            if let Some(verdict) = same(known) {
+        if let Some(completed) = &entry.completed {
+            if let Some(verdict) = verdict(&completed.print) {
                 verdict?;
-                outbox.push_back(result.clone());
+                outbox.push_back(entry.result(&completed.print, completed.outcome.clone()));
                 counters.replayed += 1;
                 drop(ledger);
                 self.shared.notify();
@@ -269,13 +327,13 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
                 older.expired = true;
                 let (open, gate) = oneshot::channel();
                 older.gates.push(open);
-                entry.waiting = Some(op.clone());
+                entry.waiting = Some(print);
                 counters.waited += 1;
                 Some(gate)
             }
             None => {
                 entry.running = Some(Running {
-                    op: op.clone(),
+                    print,
                     expired: false,
                     gates: Vec::new(),
                 });
@@ -308,19 +366,23 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
             attempts, counters, ..
         } = &mut *ledger;
         let entry = attempts.get_mut(&op.attempt())?;
-        let expired = if let Some(running) = entry.running.as_mut().filter(|r| r.op.id == op) {
+        let expired = if let Some(running) = entry.running.as_mut().filter(|r| r.print.id == op) {
             if running.expired {
                 return None;
             }
             running.expired = true;
-            running.op.clone()
+            running.print.clone()
         } else if entry.waiting.as_ref().is_some_and(|w| w.id == op) {
             entry.waiting.take()?
         } else {
             return None;
         };
-        let result = result_of(&expired, Err(EffectError::timed_out()));
-        entry.completed = Some((expired, result.clone()));
+        let outcome = Err(EffectError::timed_out());
+        let result = entry.result(&expired, outcome.clone());
+        entry.completed = Some(Completed {
+            print: expired,
+            outcome,
+        });
         counters.expired += 1;
         Some(result)
     }
@@ -402,9 +464,9 @@ async fn run_operation<B: EffectBackend + ?Sized>(
             // Expired or superseded while waiting.
             return;
         }
-        entry.waiting = None;
-        entry.running = Some(Running {
-            op: op.clone(),
+        let print = entry.waiting.take();
+        entry.running = print.map(|print| Running {
+            print,
             expired: false,
             gates: Vec::new(),
         });
@@ -446,7 +508,7 @@ fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, E
     let Some(entry) = attempts.get_mut(&op.attempt()) else {
         return;
     };
-    let Some(running) = entry.running.take_if(|r| r.op.id == op.id) else {
+    let Some(running) = entry.running.take_if(|r| r.print.id == op.id) else {
         return;
     };
     let mut reported = false;
@@ -454,9 +516,11 @@ fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, E
         // The driver already folded a timeout (or moved on): drop the result.
         counters.late_dropped += 1;
     } else {
-        let result = result_of(op, outcome);
-        entry.completed = Some((op.clone(), result.clone()));
-        outbox.push_back(result);
+        outbox.push_back(entry.result(&running.print, outcome.clone()));
+        entry.completed = Some(Completed {
+            print: running.print,
+            outcome,
+        });
         counters.completed += 1;
         reported = true;
     }

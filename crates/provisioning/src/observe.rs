@@ -252,6 +252,12 @@ fn fold_failure(
     error: &EffectError,
     ctx: &FoldContext<'_>,
 ) -> Result<(), ClockSaturated> {
+    if kind == EffectKind::BootstrapConvergenceObserved && !node.record.session_active() {
+        // The session already closed: the handoff happened (or the attempt
+        // ended) and the report is moot. Its result only clears the pending
+        // operation; counting it would give a ready node a backoff.
+        return Ok(());
+    }
     let deleting = node.intent == Intent::Deleting;
     node.retry.consecutive_failures = node.retry.consecutive_failures.saturating_add(1);
     node.retry.last_error = Some(format!("{kind}: {}", error.message));
@@ -415,12 +421,16 @@ pub(crate) fn fold_bootstrap(
     Ok(Ok(()))
 }
 
-/// The session closed after the join: the node is handed off.
+/// The session closed after the join: the node is handed off. A node being
+/// cleaned up keeps its stored backoff: a failed cleanup step still waits.
 fn hand_off(node: &mut ManagedNode, ctx: &FoldContext<'_>) {
     node.record.stage = NodeStage::Dormant;
     node.record.handed_off_at = Some(ctx.now);
+    if node.intent != Intent::Active {
+        return;
+    }
     node.retry.next_effect_at = None;
-    if node.intent == Intent::Active && ctx.spec_is_desired {
+    if ctx.spec_is_desired {
         node.record.ready = true;
         node.retry.consecutive_failures = 0;
     }

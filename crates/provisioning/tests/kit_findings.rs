@@ -1,0 +1,178 @@
+//! Regressions for defects the conformance kit found in the core. Each test
+//! names the guarantee the kit reported and replays the kit's shrunk trace
+//! by hand, so the core's own suite keeps them fixed without the kit.
+
+mod common;
+
+use common::*;
+use provisioning::effect::Operation;
+use provisioning::{
+    BootstrapEvent, ClusterDriver, EffectError, EffectKind, Intent, NodeStage, Timestamp,
+};
+
+fn drive(d: &mut ClusterDriver, sink: &mut RecordingSink, now: Timestamp) -> Vec<Operation> {
+    let _ = d.drive_until_blocked(now, sink);
+    sink.take()
+}
+
+/// Kit finding (G09 backoff discipline), shrunk trace:
+/// `run fifo; run fifo; run fifo; desire drift a image; stream @0 joined;
+/// tick 30000ms; stream @0 closed`.
+///
+/// A deleting node whose cancel failed waits out its backoff (SPEC §5:
+/// inside the deleting rows a stored `next_effect_at` is respected first).
+/// The session closing after the join is a handoff, but on a deleting node
+/// it must not wipe the stored cleanup backoff.
+#[test]
+fn a_session_closing_on_a_deleting_node_keeps_its_cleanup_backoff() {
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    let create = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&create), now).unwrap();
+    let lookup = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&lookup), now).unwrap();
+    let start = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&start), now).unwrap();
+
+    // Drift: the node is replaced; cleanup cancels the session first.
+    d.update_desired(shape(2, vec![group("g", 1, "img:2")]))
+        .unwrap();
+    let cancel = drive(&mut d, &mut sink, now).remove(0);
+    assert_eq!(cancel.kind(), EffectKind::CancelBootstrap);
+    d.apply_observation(&bootstrap(&start, BootstrapEvent::Joined), now)
+        .unwrap();
+    let failed_at = at(30_000);
+    d.apply_executor_result(
+        &reply(&cancel, Err(EffectError::definite("cancel failed"))),
+        failed_at,
+    )
+    .unwrap();
+    let id = node("g-0");
+    let backoff = d.state().nodes[&id].retry.next_effect_at;
+    assert_eq!(backoff, Some(at(31_000)));
+
+    // The session closes (after the join) while the node waits.
+    d.apply_observation(&bootstrap(&start, BootstrapEvent::Closed), failed_at)
+        .unwrap();
+    let managed = &d.state().nodes[&id];
+    assert_eq!(managed.intent, Intent::Deleting);
+    assert!(!managed.record.ready);
+    assert_eq!(
+        managed.retry.next_effect_at, backoff,
+        "the handoff of a deleting node must not clear its cleanup backoff"
+    );
+    assert!(
+        drive(&mut d, &mut sink, failed_at).is_empty(),
+        "no cleanup step before the backoff is due"
+    );
+    let destroy = drive(&mut d, &mut sink, at(31_000));
+    assert_eq!(
+        kinds(&destroy),
+        [("g-0".to_owned(), EffectKind::DestroyLease)]
+    );
+}
+
+fn kinds(ops: &[Operation]) -> Vec<(String, EffectKind)> {
+    ops.iter().map(|o| (o.node.to_string(), o.kind())).collect()
+}
+
+/// Kit finding (G19 quiescence, reported as a livelock), shrunk trace:
+/// `clock-start 18446744073709460851; tick 120000ms`.
+///
+/// At the end of the clock every dispatch fails with a saturated deadline.
+/// The node must then not be re-armed at `now` (which a saturating add gives
+/// at `Timestamp::MAX`): the host would wake at once, fail again, forever.
+/// SPEC §6: clock saturation is an error, never a spin.
+#[test]
+fn a_saturated_clock_errors_without_rearming_a_timer_that_is_already_due() {
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let end = Timestamp::MAX;
+    let outcome = d.drive_until_blocked(end, &mut sink);
+    assert!(
+        outcome.is_err(),
+        "the dispatch deadline cannot be represented"
+    );
+    assert!(sink.take().is_empty());
+    assert!(
+        d.requeue_at().is_none_or(|t| t > end),
+        "requeue_at {:?} is due at once: the host would spin",
+        d.requeue_at()
+    );
+    assert!(!d.is_queued());
+    // A host that wakes again anyway gets nothing to do rather than a spin.
+    assert!(!d.trigger_if_due(end));
+
+    // Short of the end, the errored node is looked at one initial backoff later.
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let near = Timestamp::from_millis(u64::MAX - 10_000);
+    assert!(d.drive_until_blocked(near, &mut sink).is_err());
+    assert_eq!(
+        d.requeue_at(),
+        Some(Timestamp::from_millis(u64::MAX - 9_000))
+    );
+    // A few milliseconds short of the end, the retry lands on the last instant,
+    // and there the rule above applies.
+    let almost = Timestamp::from_millis(u64::MAX - 10);
+    d.trigger();
+    assert!(d.drive_until_blocked(almost, &mut sink).is_err());
+    assert_eq!(d.requeue_at(), Some(end));
+    assert!(d.drive_until_blocked(end, &mut sink).is_err());
+    assert_eq!(d.requeue_at(), None, "no timer at the last instant");
+    let managed = d.state().nodes.get(&node("g-0"));
+    assert!(managed.is_none_or(|n| n.record.stage == NodeStage::New));
+}
+
+/// Kit finding (G19 quiescence: converged means no requeue), shrunk trace:
+/// `run fifo; run fifo; run fifo; stream @0 joined; stream @0 closed;
+/// tick 29999ms; tick 1ms`.
+///
+/// The provider closes the session (the handoff) before the answer to
+/// `BootstrapConvergenceObserved` arrives, and that answer is then lost (a
+/// timeout). SPEC §5: the result of that operation only clears the pending
+/// operation. Counting it as a failure gave a ready, converged node a
+/// backoff timer — a requeue on a converged cluster.
+#[test]
+fn a_lost_convergence_report_after_the_handoff_only_clears_the_pending_operation() {
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    let create = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&create), now).unwrap();
+    let lookup = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&lookup), now).unwrap();
+    let start = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&start), now).unwrap();
+    d.apply_observation(&bootstrap(&start, BootstrapEvent::Joined), now)
+        .unwrap();
+    let report = drive(&mut d, &mut sink, now).remove(0);
+    assert_eq!(report.kind(), EffectKind::BootstrapConvergenceObserved);
+    d.apply_observation(&bootstrap(&start, BootstrapEvent::Closed), now)
+        .unwrap();
+    assert!(d.state().nodes[&node("g-0")].is_ready());
+    assert!(!d.is_converged(), "the report is still pending");
+
+    let deadline = d.state().nodes[&node("g-0")]
+        .pending
+        .as_ref()
+        .unwrap()
+        .deadline;
+    d.operation_timed_out(&node("g-0"), report.id, deadline)
+        .unwrap();
+    assert!(drive(&mut d, &mut sink, deadline).is_empty());
+    let managed = &d.state().nodes[&node("g-0")];
+    assert!(managed.is_ready());
+    assert_eq!(managed.retry.consecutive_failures, 0);
+    assert_eq!(managed.retry.next_effect_at, None);
+    assert!(d.is_converged());
+    assert_eq!(d.requeue_at(), None, "converged means no requeue");
+}
