@@ -1,0 +1,119 @@
+//! Runs the Level 1 conformance battery outside `cargo test`.
+//!
+//! ```text
+//! conformance                 the Level 1 battery (honours PROVISIONING_SEED,
+//!                             PROVISIONING_MODE, PROVISIONING_TRACE, PROVISIONING_SEEDS)
+//! conformance bench [N]       N traces (N/2 seeds x 2 modes, default 512); prints
+//!                             traces per second and the wall time
+//! conformance replay FILE     replays a regression file
+//! ```
+//!
+//! Build it in release mode for the benchmark:
+//! `cargo run --release -p provisioning-conformance --bin conformance -- bench`.
+//! The exit status is 0 when the battery passed, 1 when it failed, 2 on bad usage.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use provisioning_conformance::{Battery, BatteryReport, Regression};
+
+/// The number of traces the benchmark runs by default (256 seeds x 2 modes).
+const BENCH_TRACES: usize = 512;
+
+/// The wall-time target for [`BENCH_TRACES`] traces, in seconds.
+const BENCH_TARGET_SECONDS: f64 = 2.0;
+
+/// Prints a line to stdout. A closed pipe (`conformance bench | head -1`)
+/// is not an error worth a panic: the output is simply not wanted any more.
+fn say(text: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
+
+fn usage(problem: &str) -> ExitCode {
+    eprintln!("{problem}\nusage: conformance [bench [TRACES] | replay FILE]");
+    ExitCode::from(2)
+}
+
+fn verdict(report: &BatteryReport) -> ExitCode {
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn run_battery() -> ExitCode {
+    match Battery::level1().with_env_overrides() {
+        Ok(battery) => {
+            let report = battery.run();
+            say(&report);
+            verdict(&report)
+        }
+        Err(error) => usage(&error.to_string()),
+    }
+}
+
+fn bench(traces: usize) -> ExitCode {
+    let seeds = traces.div_ceil(2);
+    let battery = Battery::level1()
+        .seed_count(seeds)
+        .require_vacuity(traces >= BENCH_TRACES);
+    let started = Instant::now();
+    let report = battery.run();
+    let wall = started.elapsed().as_secs_f64();
+    let per_second = if wall > 0.0 {
+        report.traces as f64 / wall
+    } else {
+        0.0
+    };
+    say(format_args!(
+        "level 1 bench: {} traces ({seeds} seeds x 2 modes, {} harness runs including the G18/G20 re-runs) in {wall:.3} s wall: {per_second:.0} traces/s",
+        report.traces, report.runs
+    ));
+    say(format_args!(
+        "projected wall time for {BENCH_TRACES} traces: {:.3} s (target <= {BENCH_TARGET_SECONDS} s)",
+        BENCH_TRACES as f64 / per_second.max(f64::MIN_POSITIVE)
+    ));
+    if !report.passed() {
+        say(&report);
+    }
+    verdict(&report)
+}
+
+fn replay(path: &str) -> ExitCode {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) => return usage(&format!("cannot read {path}: {error}")),
+    };
+    let regressions = match Regression::parse_file(&text) {
+        Ok(regressions) => regressions,
+        Err(error) => return usage(&error.to_string()),
+    };
+    let report = Battery::level1()
+        .seeds([])
+        .require_vacuity(false)
+        .regressions(regressions)
+        .run();
+    say(&report);
+    verdict(&report)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] | ["run"] => run_battery(),
+        ["bench"] => bench(BENCH_TRACES),
+        ["bench", count] => match count.parse::<usize>() {
+            Ok(count) if count > 0 => bench(count),
+            _ => usage(&format!("not a trace count: {count}")),
+        },
+        ["replay", path] => replay(path),
+        _ => usage("unknown arguments"),
+    }
+}

@@ -1,0 +1,161 @@
+//! The driver seam: what the harness needs from a driver.
+//!
+//! The harness talks to the driver through [`DriverUnderTest`], implemented
+//! for [`ClusterDriver`]. The seam exists so that the kit can test itself:
+//! its own tests wrap the real driver in deliberately broken variants (one
+//! that dispatches without recording, one that ignores backoff…) and check
+//! that the oracle names the broken guarantee. It is equally usable for an
+//! alternative driver implementation that claims the same contract.
+
+use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink};
+use provisioning::shape::DesiredState;
+use provisioning::{
+    ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult, LogicalNodeId,
+    Observation, OperationId, RetryPolicy, Timestamp,
+};
+
+/// The operations of [`ClusterDriver`] the harness uses. See its docs for
+/// the contract of each method; an implementation must keep it.
+pub trait DriverUnderTest {
+    /// See [`ClusterDriver::update_desired`].
+    ///
+    /// # Errors
+    /// As [`ClusterDriver::update_desired`].
+    fn update_desired(&mut self, shape: ClusterShape) -> Result<DesiredUpdate, DriverError>;
+
+    /// See [`ClusterDriver::trigger`].
+    fn trigger(&mut self);
+
+    /// See [`ClusterDriver::drive_until_blocked`].
+    ///
+    /// # Errors
+    /// As [`ClusterDriver::drive_until_blocked`].
+    fn drive_until_blocked(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+    ) -> Result<DriveReport, DriverError>;
+
+    /// See [`ClusterDriver::apply_executor_result`].
+    ///
+    /// # Errors
+    /// As [`ClusterDriver::apply_executor_result`].
+    fn apply_executor_result(
+        &mut self,
+        result: &ExecutorResult,
+        now: Timestamp,
+    ) -> Result<(), DriverError>;
+
+    /// See [`ClusterDriver::operation_timed_out`].
+    ///
+    /// # Errors
+    /// As [`ClusterDriver::operation_timed_out`].
+    fn operation_timed_out(
+        &mut self,
+        node: &LogicalNodeId,
+        op: OperationId,
+        now: Timestamp,
+    ) -> Result<(), DriverError>;
+
+    /// See [`ClusterDriver::apply_observation`].
+    ///
+    /// # Errors
+    /// As [`ClusterDriver::apply_observation`].
+    fn apply_observation(
+        &mut self,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Result<(), DriverError>;
+
+    /// See [`ClusterDriver::state`].
+    fn state(&self) -> &ClusterState;
+
+    /// See [`ClusterDriver::desired`].
+    fn desired(&self) -> &DesiredState;
+
+    /// See [`ClusterDriver::policy`].
+    fn policy(&self) -> &RetryPolicy;
+
+    /// See [`ClusterDriver::requeue_at`].
+    fn requeue_at(&self) -> Option<Timestamp>;
+
+    /// See [`ClusterDriver::pending_operations_due`].
+    fn pending_operations_due(&self, now: Timestamp) -> Vec<DueOperation>;
+
+    /// See [`ClusterDriver::is_converged`].
+    fn is_converged(&self) -> bool;
+
+    /// See [`ClusterDriver::is_queued`].
+    fn is_queued(&self) -> bool;
+}
+
+impl DriverUnderTest for ClusterDriver {
+    fn update_desired(&mut self, shape: ClusterShape) -> Result<DesiredUpdate, DriverError> {
+        ClusterDriver::update_desired(self, shape)
+    }
+
+    fn trigger(&mut self) {
+        ClusterDriver::trigger(self);
+    }
+
+    fn drive_until_blocked(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+    ) -> Result<DriveReport, DriverError> {
+        ClusterDriver::drive_until_blocked(self, now, sink)
+    }
+
+    fn apply_executor_result(
+        &mut self,
+        result: &ExecutorResult,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        ClusterDriver::apply_executor_result(self, result, now)
+    }
+
+    fn operation_timed_out(
+        &mut self,
+        node: &LogicalNodeId,
+        op: OperationId,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        ClusterDriver::operation_timed_out(self, node, op, now)
+    }
+
+    fn apply_observation(
+        &mut self,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        ClusterDriver::apply_observation(self, observation, now)
+    }
+
+    fn state(&self) -> &ClusterState {
+        ClusterDriver::state(self)
+    }
+
+    fn desired(&self) -> &DesiredState {
+        ClusterDriver::desired(self)
+    }
+
+    fn policy(&self) -> &RetryPolicy {
+        ClusterDriver::policy(self)
+    }
+
+    fn requeue_at(&self) -> Option<Timestamp> {
+        ClusterDriver::requeue_at(self)
+    }
+
+    fn pending_operations_due(&self, now: Timestamp) -> Vec<DueOperation> {
+        ClusterDriver::pending_operations_due(self, now)
+    }
+
+    fn is_converged(&self) -> bool {
+        ClusterDriver::is_converged(self)
+    }
+
+    fn is_queued(&self) -> bool {
+        ClusterDriver::is_queued(self)
+    }
+}

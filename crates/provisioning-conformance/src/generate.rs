@@ -1,0 +1,293 @@
+//! The seeded trace generator, with per-seed swarm weights.
+//!
+//! Each seed first draws its own [`SwarmWeights`]: how often each input kind,
+//! fault, stream event and tick size appears. Some seeds omit whole kinds of
+//! input (no faults at all, no stream failures, no redeliveries…), which
+//! finds bugs that a uniform mix dilutes ("swarm testing", Groce et al. 2012).
+//! Then it draws the inputs. Everything comes from one [`SplitMix64`]
+//! stream, so a seed names a trace forever.
+
+use provisioning::EffectKind;
+use provisioning::observe::LossCause;
+use provisioning::state::BootstrapFailure;
+
+use crate::prng::SplitMix64;
+use crate::trace::{
+    DriftField, Fault, FaultTarget, Group, Input, InputKind, MAX_GROUP_COUNT, PROGRESS_STAGES,
+    RevisionProbe, ShapeChange, StreamEvent, Trace, TraceHeader, WorkStep,
+};
+
+/// Tick sizes the generator draws from, in milliseconds: around the default
+/// backoff steps, the probe interval, the operation timeout and the backoff cap.
+pub const TICK_SIZES_MS: [u64; 13] = [
+    1, 10, 250, 999, 1_000, 1_001, 2_000, 5_000, 29_999, 30_000, 30_001, 61_000, 120_000,
+];
+
+/// How the generator shapes traces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GeneratorConfig {
+    /// The fewest inputs of a trace.
+    pub min_inputs: usize,
+    /// The most inputs of a trace.
+    pub max_inputs: usize,
+    /// How many seeds in a thousand get an exhaustion or saturation edge (G13).
+    pub edges_per_mille: u32,
+}
+
+impl Default for GeneratorConfig {
+    fn default() -> Self {
+        GeneratorConfig {
+            min_inputs: 64,
+            max_inputs: 96,
+            edges_per_mille: 60,
+        }
+    }
+}
+
+/// The per-seed mix of inputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SwarmWeights {
+    /// Weight per [`InputKind`], in [`InputKind::ALL`] order; zero omits the kind.
+    pub kinds: [u32; 9],
+    /// Weight per [`Fault`], in [`Fault::ALL`] order.
+    pub faults: [u32; 7],
+    /// Weight of "any call", then of each [`EffectKind`] in [`EffectKind::ALL`] order.
+    pub fault_targets: [u32; 7],
+    /// Weight of joined, closed, converged, progress and failed stream events.
+    pub stream_events: [u32; 5],
+    /// Weight per tick size, in [`TICK_SIZES_MS`] order.
+    pub ticks: [u32; 13],
+}
+
+/// Input kinds a seed never omits: without them nothing would ever run.
+const ESSENTIAL: [InputKind; 2] = [InputKind::Tick, InputKind::Run];
+
+fn base_weight(kind: InputKind) -> u32 {
+    match kind {
+        InputKind::Tick => 12,
+        InputKind::Desire => 4,
+        InputKind::Revision => 1,
+        InputKind::Script => 10,
+        InputKind::Run => 14,
+        InputKind::Stream => 10,
+        InputKind::Redeliver => 3,
+        InputKind::Release => 3,
+        InputKind::Lose => 2,
+    }
+}
+
+impl SwarmWeights {
+    /// Draws a seed's weights. Each non-essential input kind is omitted with
+    /// probability 1/4; faults, targets, events and tick sizes are each
+    /// omitted with probability 1/5, keeping at least one of each family.
+    pub fn draw(rng: &mut SplitMix64) -> Self {
+        let kinds = InputKind::ALL.map(|kind| {
+            let omitted = !ESSENTIAL.contains(&kind) && rng.chance(250);
+            if omitted {
+                0
+            } else {
+                base_weight(kind) * rng.between(1, 3) as u32
+            }
+        });
+        SwarmWeights {
+            kinds,
+            faults: draw_family(rng),
+            fault_targets: draw_family(rng),
+            stream_events: draw_family(rng),
+            ticks: draw_family(rng),
+        }
+    }
+}
+
+fn draw_family<const N: usize>(rng: &mut SplitMix64) -> [u32; N] {
+    let mut weights = [0u32; N];
+    for weight in &mut weights {
+        *weight = if rng.chance(200) {
+            0
+        } else {
+            rng.between(1, 4) as u32
+        };
+    }
+    if weights.iter().all(|w| *w == 0) && N > 0 {
+        weights[rng.below(N as u64) as usize] = 1;
+    }
+    weights
+}
+
+/// Generates the trace of `seed`.
+pub fn generate(seed: u64, config: &GeneratorConfig) -> Trace {
+    let mut rng = SplitMix64::new(seed);
+    let mut header_rng = rng.fork();
+    let weights = SwarmWeights::draw(&mut rng.fork());
+    let mut input_rng = rng.fork();
+    let header = draw_header(seed, config, &mut header_rng);
+    let low = config.min_inputs.min(config.max_inputs) as u64;
+    let high = config.max_inputs.max(config.min_inputs) as u64;
+    let length = input_rng.between(low, high) as usize;
+    let inputs = (0..length)
+        .map(|_| draw_input(&weights, &mut input_rng))
+        .collect();
+    Trace { header, inputs }
+}
+
+fn draw_header(seed: u64, config: &GeneratorConfig, rng: &mut SplitMix64) -> TraceHeader {
+    let jitter_per_mille = if rng.chance(250) {
+        rng.between(1, 1000) as u16
+    } else {
+        0
+    };
+    let mut header = TraceHeader {
+        seed: Some(seed),
+        jitter_per_mille,
+        attempt_limit: None,
+        clock_start_ms: 0,
+    };
+    if rng.chance(config.edges_per_mille) {
+        if rng.chance(500) {
+            header.attempt_limit = Some(rng.between(3, 12));
+        } else {
+            header.clock_start_ms = u64::MAX - rng.between(10_000, 600_000);
+        }
+    }
+    header
+}
+
+fn pick<T: Copy>(rng: &mut SplitMix64, items: &[T], weights: &[u32]) -> Option<T> {
+    rng.weighted(weights).and_then(|i| items.get(i).copied())
+}
+
+fn draw_group(rng: &mut SplitMix64) -> Group {
+    Group::ALL[rng.below(Group::ALL.len() as u64) as usize]
+}
+
+fn draw_input(weights: &SwarmWeights, rng: &mut SplitMix64) -> Input {
+    let kind = pick(rng, &InputKind::ALL, &weights.kinds).unwrap_or(InputKind::Run);
+    match kind {
+        InputKind::Tick => Input::Tick {
+            millis: pick(rng, &TICK_SIZES_MS, &weights.ticks).unwrap_or(1_000),
+        },
+        InputKind::Desire => Input::Desire(draw_shape_change(rng)),
+        InputKind::Revision => {
+            Input::Revision(RevisionProbe::ALL[rng.below(RevisionProbe::ALL.len() as u64) as usize])
+        }
+        InputKind::Script => {
+            let mut targets = vec![FaultTarget::Any];
+            targets.extend(EffectKind::ALL.map(FaultTarget::Kind));
+            let target = pick(rng, &targets, &weights.fault_targets).unwrap_or(FaultTarget::Any);
+            let mut fault = pick(rng, &Fault::ALL, &weights.faults).unwrap_or(Fault::Definite);
+            if let FaultTarget::Kind(kind) = target {
+                if !fault.applies_to(kind) {
+                    fault = Fault::Definite;
+                }
+            }
+            Input::Script { target, fault }
+        }
+        InputKind::Run => Input::Run(match rng.below(10) {
+            0..=4 => WorkStep::Fifo,
+            5..=6 => WorkStep::Lifo,
+            _ => WorkStep::One(rng.below(4) as u32),
+        }),
+        InputKind::Stream => Input::Stream {
+            session: rng.below(4) as u32,
+            event: draw_stream_event(weights, rng),
+        },
+        InputKind::Redeliver => Input::Redeliver {
+            back: rng.below(16) as u32,
+        },
+        InputKind::Release => Input::Release,
+        InputKind::Lose => Input::Lose {
+            ready: rng.below(4) as u32,
+            cause: if rng.chance(500) {
+                LossCause::AgentGone
+            } else {
+                LossCause::LeaseGone
+            },
+        },
+    }
+}
+
+fn draw_shape_change(rng: &mut SplitMix64) -> ShapeChange {
+    let group = draw_group(rng);
+    match rng.below(8) {
+        0..=3 => ShapeChange::Scale {
+            group,
+            count: rng.between(0, u64::from(MAX_GROUP_COUNT)) as u32,
+        },
+        4 | 5 => ShapeChange::Drift {
+            group,
+            field: DriftField::ALL[rng.below(DriftField::ALL.len() as u64) as usize],
+        },
+        6 => ShapeChange::Add {
+            group,
+            count: rng.between(1, u64::from(MAX_GROUP_COUNT)) as u32,
+        },
+        _ => ShapeChange::Remove { group },
+    }
+}
+
+fn draw_stream_event(weights: &SwarmWeights, rng: &mut SplitMix64) -> StreamEvent {
+    match rng.weighted(&weights.stream_events) {
+        Some(1) => StreamEvent::Closed,
+        Some(2) => StreamEvent::Converged,
+        Some(3) => {
+            StreamEvent::Progress(PROGRESS_STAGES[rng.below(PROGRESS_STAGES.len() as u64) as usize])
+        }
+        Some(4) => StreamEvent::Failed(
+            BootstrapFailure::ALL[rng.below(BootstrapFailure::ALL.len() as u64) as usize],
+        ),
+        _ => StreamEvent::Joined,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn the_same_seed_gives_the_same_trace() {
+        let config = GeneratorConfig::default();
+        assert_eq!(generate(7, &config), generate(7, &config));
+        assert_ne!(generate(7, &config), generate(8, &config));
+    }
+
+    #[test]
+    fn traces_respect_the_configured_length() {
+        let config = GeneratorConfig {
+            min_inputs: 64,
+            max_inputs: 70,
+            edges_per_mille: 0,
+        };
+        for seed in 0..50 {
+            let trace = generate(seed, &config);
+            assert!((64..=70).contains(&trace.inputs.len()));
+            assert!(!trace.header.has_edges());
+            assert_eq!(trace.header.seed, Some(seed));
+        }
+    }
+
+    #[test]
+    fn some_seeds_omit_whole_input_kinds_and_all_kinds_appear_somewhere() {
+        let config = GeneratorConfig::default();
+        let mut seen_anywhere = BTreeSet::new();
+        let mut seeds_omitting_something = 0;
+        for seed in 0..64 {
+            let trace = generate(seed, &config);
+            let kinds: BTreeSet<InputKind> = trace.inputs.iter().map(Input::kind).collect();
+            if kinds.len() < InputKind::ALL.len() {
+                seeds_omitting_something += 1;
+            }
+            seen_anywhere.extend(kinds);
+        }
+        assert_eq!(seen_anywhere.len(), InputKind::ALL.len());
+        assert!(seeds_omitting_something > 16, "{seeds_omitting_something}");
+    }
+
+    #[test]
+    fn generated_traces_survive_the_text_round_trip() {
+        for seed in 0..32 {
+            let trace = generate(seed, &GeneratorConfig::default());
+            assert_eq!(trace.to_string().parse::<Trace>(), Ok(trace));
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The guarantees of SPEC §11, by stable id, and the violations the oracle
+//! reports against them.
+//!
+//! # How the oracle evaluates each guarantee
+//!
+//! "After every input" means once the harness has settled the machine (folded
+//! every result, observation and due timeout, and run every queued pass).
+//! Where a check is weaker than the guarantee's wording, the row says so.
+//!
+//! | Id | Evaluation |
+//! |---|---|
+//! | G01 | After every input: attempts unique across nodes and below the allocator. After every pass batch: an attempt that appears is above every attempt seen before in the run (so none is reused). |
+//! | G02 | After every input: each pending operation carries its node's attempt. Every delivery of a result that is not the node's pending operation — late results, redeliveries of old ones, results of superseded attempts, a timeout reported a second time — must be rejected and leave the state equal. A result of the pending operation must be accepted. |
+//! | G03 | After every input: lease, endpoint, bootstrap and swarm facts are tagged with the node's attempt, and the lease and session handles are ones the substrate issued for that same `(slot, attempt)` (when the substrate knows its handles). Observations of another attempt must be rejected and change nothing. |
+//! | G04 | At every backend call start: on a deterministic substrate the operation is pending in observed state, or the host already folded its timeout (a call queued before its expiry may still start); otherwise (approximation) it was recorded pending at some point. |
+//! | G05 | At most one pending operation per node is structural. At the backend, no call starts while another call of the same attempt is in flight ([`crate::substrate::CallRecorder`]). |
+//! | G06 | After every input: a destroyed node holds no lease, no active session, no pending operation. |
+//! | G07 | At every fold: lease facts disappear only on a successful destroy, an active session only on a successful cancel or a `Closed` event; so a failed cleanup step keeps them. After every pass batch: an attempt is replaced or reaped only when it holds no lease, session or pending operation. |
+//! | G08 | After every input and every batch of work: at most one live lease and session per key, live resources of at most one attempt per slot — from the substrate's ledger, plus alarms a substrate raises the moment a second resource appears. |
+//! | G09 | At every dispatch: not before the stored `next_effect_at` as it was before the pass (the ladder's `BeginDelete` clearing excepted); a restart not before `restart_at`. At every fold: a newly stored delay equals the policy (`backoff(failures, attempt)`, or the probe interval); an observation never shortens a deleting node's stored backoff. Passes never move stored times except where the ladder says so. |
+//! | G10 | After the pass batch that follows an attempt failure: the node is deleting and has a cleanup step in flight, or is destroyed, or waits only to re-issue an ambiguous operation. The restart delay is checked under G09. |
+//! | G11 | At every fold of "endpoint not ready": the failure count is unchanged and the delay is the probe interval. |
+//! | G12 | While an ambiguous create/start is remembered: no cancel or destroy is dispatched, the node is not marked destroyed, replaced or reaped; a pass never forgets it; a fold forgets it only when an operation of its kind answers. |
+//! | G13 | Every step runs under `catch_unwind`: a panic escaping the driver, executor or backend is a violation (backend panics must come back as definite errors). Driver errors other than attempt exhaustion and clock saturation are violations. Seeds with an attempt limit or a clock near its end reach those edges. |
+//! | G14 | After every input: a ready node is active, in a ready stage, with lease, endpoint, swarm join and handoff facts, and (when no pass is queued) holds the desired spec; a deleting node is not ready. |
+//! | G15 | After every input: an active session implies a lease and a stage past the endpoint; a bootstrap stage implies bootstrap facts. (The core's types already make "active session without facts" unrepresentable, so the check covers the facts around it.) |
+//! | G16 | After every input: observed generation never decreases nor passes the desired one. Every valid shape at a strictly higher generation is accepted; revision probes (a lower generation, the same shape, changed content under the same generation) are rejected or no-ops and change nothing. |
+//! | G17 | After every pass batch: a node begins deletion only when its slot is undesired, its spec drifted, or it failed; only undesired slots are reaped. After every input: no active node sits in an undesired slot. Desired slots are `index < count`, so a shrinking group loses exactly its highest indices. |
+//! | G18 | Deterministic substrates: the evaluation runs the trace twice and compares every backend call, the final state, the live resources and the outcome. |
+//! | G19 | A forced full pass every few inputs, at the end and at convergence must dispatch nothing, change nothing and keep `requeue_at`; a converged cluster has no `requeue_at`; settling after an input must finish within a bound (a livelock is a violation). |
+//! | G20 | Deterministic substrates, fair mode: the run is repeated with the tail completing queued work newest-first; both must converge to the same per-slot spec, stage, readiness and intent. (Approximation: attempt ids and timestamps legitimately depend on order and are not compared.) |
+//! | G21 | Fair mode: after the trace, faults stop; each tail round releases hung calls, runs all work, delivers everything, lets live sessions join, then advances the clock to the next stored deadline. The cluster must converge within [`crate::harness::FAIR_ROUNDS_MAX`] rounds, or the report lists what is pending. Waived once exhaustion or saturation was reached. |
+//! | G22 | Fair mode: attempts allocated during the tail stay within `2 × desired nodes + 2`. |
+//! | G23 | Fair mode, at convergence: the live leases are exactly the managed nodes' current attempts (one each) and no session of another attempt is live. After an empty shape that is nothing. |
+//! | G24 | Fair mode, at convergence: the driver's desired shape is the last one the harness submitted, and the observed generation is its generation. Intermediate generations are skipped whenever shapes change faster than the cluster converges. |
+//! | G25 | At every dispatch: deadline = dispatch time + operation timeout. The host wakes exactly at each stored deadline; one millisecond before, the operation is not listed due and its timeout is refused without change; at the deadline it is listed due and accepted; nothing past its deadline is missing from the due list. |
+
+use std::fmt;
+
+/// A guarantee of SPEC §11. The id (`G01`…`G25`) is stable: reports,
+/// regression files and tests refer to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GuaranteeId {
+    /// G01: attempt ids are unique across nodes, below the allocator, never reused.
+    Identity,
+    /// G02: a pending operation belongs to its node's current attempt; results
+    /// for other operations change nothing.
+    Correlation,
+    /// G03: lease, endpoint and session facts were produced for the node's
+    /// current attempt.
+    AttemptFactOwnership,
+    /// G04: every effect a backend executes was pending in observed state
+    /// when it started.
+    RecordBeforeDispatch,
+    /// G05: at most one pending operation per node; at most one operation
+    /// running per attempt at the backend.
+    SingleFlight,
+    /// G06: a destroyed node holds no lease, session or pending operation.
+    DeadHold,
+    /// G07: a failed cancel/destroy keeps the live facts until absence is confirmed.
+    CleanupKeepsFacts,
+    /// G08: a backend never holds two live resources for one attempt, nor
+    /// live resources of two attempts of one slot.
+    NoDoubleCreate,
+    /// G09: no effect before the stored `next_effect_at`; delays follow the policy.
+    BackoffDiscipline,
+    /// G10: a failed attempt starts cleanup in the next pass; only the
+    /// restart is delayed.
+    AttemptFailure,
+    /// G11: endpoint-not-ready never increments the failure count.
+    ProbeIsNotFailure,
+    /// G12: after an ambiguous create/bootstrap the same operation is
+    /// re-issued before any destructive step.
+    AdoptBeforeDestroy,
+    /// G13: exhaustion and clock saturation return errors; no step panics.
+    ErrorsNotPanics,
+    /// G14: readiness implies the full set of facts and the desired spec;
+    /// deleting implies not ready.
+    ReadinessCoherence,
+    /// G15: an active session implies bootstrap facts.
+    SessionCoherence,
+    /// G16: observed generation never decreases; regressions and silent
+    /// changes are rejected.
+    MonotonicGeneration,
+    /// G17: a shrinking group loses only its highest indices.
+    ScaleDownOrder,
+    /// G18: the same trace gives identical state and backend calls, run twice.
+    Determinism,
+    /// G19: a forced pass over a settled machine changes nothing; converged
+    /// means no requeue.
+    Quiescence,
+    /// G20: completing independent work in different orders converges to the
+    /// same state.
+    Confluence,
+    /// G21: once faults stop, the latest desired shape converges within
+    /// bounded rounds.
+    FairConvergence,
+    /// G22: during the fair tail new attempts stay within `2 × nodes + 2`.
+    BoundedReplacement,
+    /// G23: at convergence the backend's live resources are exactly the
+    /// desired nodes' current attempts.
+    ConvergedLeaksNothing,
+    /// G24: the end state matches the last desired shape.
+    LatestDesiredWins,
+    /// G25: an operation expires exactly at its stored deadline.
+    DeadlineBoundary,
+}
+
+impl GuaranteeId {
+    /// Every guarantee, in id order.
+    pub const ALL: [GuaranteeId; 25] = [
+        GuaranteeId::Identity,
+        GuaranteeId::Correlation,
+        GuaranteeId::AttemptFactOwnership,
+        GuaranteeId::RecordBeforeDispatch,
+        GuaranteeId::SingleFlight,
+        GuaranteeId::DeadHold,
+        GuaranteeId::CleanupKeepsFacts,
+        GuaranteeId::NoDoubleCreate,
+        GuaranteeId::BackoffDiscipline,
+        GuaranteeId::AttemptFailure,
+        GuaranteeId::ProbeIsNotFailure,
+        GuaranteeId::AdoptBeforeDestroy,
+        GuaranteeId::ErrorsNotPanics,
+        GuaranteeId::ReadinessCoherence,
+        GuaranteeId::SessionCoherence,
+        GuaranteeId::MonotonicGeneration,
+        GuaranteeId::ScaleDownOrder,
+        GuaranteeId::Determinism,
+        GuaranteeId::Quiescence,
+        GuaranteeId::Confluence,
+        GuaranteeId::FairConvergence,
+        GuaranteeId::BoundedReplacement,
+        GuaranteeId::ConvergedLeaksNothing,
+        GuaranteeId::LatestDesiredWins,
+        GuaranteeId::DeadlineBoundary,
+    ];
+
+    /// The stable id, `G01`…`G25`.
+    pub fn id(self) -> &'static str {
+        const IDS: [&str; 25] = [
+            "G01", "G02", "G03", "G04", "G05", "G06", "G07", "G08", "G09", "G10", "G11", "G12",
+            "G13", "G14", "G15", "G16", "G17", "G18", "G19", "G20", "G21", "G22", "G23", "G24",
+            "G25",
+        ];
+        IDS[self as usize]
+    }
+
+    /// A short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            GuaranteeId::Identity => "identity",
+            GuaranteeId::Correlation => "correlation",
+            GuaranteeId::AttemptFactOwnership => "attempt-fact ownership",
+            GuaranteeId::RecordBeforeDispatch => "record-before-dispatch",
+            GuaranteeId::SingleFlight => "single flight",
+            GuaranteeId::DeadHold => "dead hold",
+            GuaranteeId::CleanupKeepsFacts => "cleanup keeps facts",
+            GuaranteeId::NoDoubleCreate => "no double-create",
+            GuaranteeId::BackoffDiscipline => "backoff discipline",
+            GuaranteeId::AttemptFailure => "attempt failure",
+            GuaranteeId::ProbeIsNotFailure => "probe is not failure",
+            GuaranteeId::AdoptBeforeDestroy => "adopt before destroy",
+            GuaranteeId::ErrorsNotPanics => "errors, not panics",
+            GuaranteeId::ReadinessCoherence => "readiness coherence",
+            GuaranteeId::SessionCoherence => "session coherence",
+            GuaranteeId::MonotonicGeneration => "monotonic generation",
+            GuaranteeId::ScaleDownOrder => "scale-down order",
+            GuaranteeId::Determinism => "determinism",
+            GuaranteeId::Quiescence => "quiescence",
+            GuaranteeId::Confluence => "confluence",
+            GuaranteeId::FairConvergence => "fair convergence",
+            GuaranteeId::BoundedReplacement => "bounded replacement",
+            GuaranteeId::ConvergedLeaksNothing => "converged leaks nothing",
+            GuaranteeId::LatestDesiredWins => "latest desired wins",
+            GuaranteeId::DeadlineBoundary => "deadline boundary",
+        }
+    }
+
+    /// The guarantee with stable id `id` (`"G08"`), if any.
+    pub fn from_id(id: &str) -> Option<GuaranteeId> {
+        GuaranteeId::ALL.into_iter().find(|g| g.id() == id)
+    }
+}
+
+impl fmt::Display for GuaranteeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.id(), self.name())
+    }
+}
+
+/// Where in a run a violation was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    /// Setting up the initial shape, before the first input.
+    Setup,
+    /// While applying input number `n` (0-based) of the trace.
+    Input(usize),
+    /// In round `n` of the fair-scheduler tail.
+    Tail(usize),
+    /// In a check run after the whole trace (determinism, confluence, end state).
+    End,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Phase::Setup => f.write_str("setup"),
+            Phase::Input(n) => write!(f, "input #{n}"),
+            Phase::Tail(n) => write!(f, "fair tail round {n}"),
+            Phase::End => f.write_str("end of run"),
+        }
+    }
+}
+
+/// A guarantee found broken, with where and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The guarantee.
+    pub guarantee: GuaranteeId,
+    /// Where in the run.
+    pub phase: Phase,
+    /// What the oracle saw, for a human.
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at {}: {}", self.guarantee, self.phase, self.detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_stable_dense_and_round_trip() {
+        for (index, guarantee) in GuaranteeId::ALL.into_iter().enumerate() {
+            assert_eq!(guarantee.id(), format!("G{:02}", index + 1));
+            assert_eq!(GuaranteeId::from_id(guarantee.id()), Some(guarantee));
+        }
+        assert_eq!(GuaranteeId::NoDoubleCreate.id(), "G08");
+        assert_eq!(GuaranteeId::ConvergedLeaksNothing.id(), "G23");
+        assert_eq!(GuaranteeId::from_id("G26"), None);
+    }
+}

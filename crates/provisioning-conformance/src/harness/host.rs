@@ -1,0 +1,645 @@
+//! The host loop: inputs, settling, deliveries and the per-step checks.
+
+use std::cell::Cell;
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Duration;
+
+use provisioning::driver::{DriverError, NodeError};
+use provisioning::{
+    ClusterState, DesiredUpdate, EffectOutput, EndpointLookup, ExecutorResult,
+    IdempotentEffectExecutor, Intent, LeaseHandle, LogicalNodeId, ManagedNode, NodeAttemptId,
+    Observation, OperationId, RetryPolicy, RunId, SessionHandle, Timestamp,
+};
+
+use super::{
+    Delivery, DriverFactory, DriverSetup, Harness, MAX_HISTORY, MAX_SETTLE_ROUNDS, Mode, NodeShape,
+    QUIESCENCE_PROBE_PERIOD, RUN_NAME, RunDigest, RunOptions, RunOutcome, ShapeModel, Vacuity,
+    summarize,
+};
+use crate::guarantee::{GuaranteeId, Phase, Violation};
+use crate::oracle::{self, Breach, FoldCause, Verdict, breach};
+use crate::substrate::Substrate;
+use crate::trace::{Input, RevisionProbe, Trace};
+
+impl<'p, S: Substrate> Harness<'p, S> {
+    pub(super) fn new(
+        substrate: S,
+        factory: &DriverFactory,
+        trace: &Trace,
+        options: RunOptions,
+        phase: &'p Cell<Phase>,
+    ) -> Result<Self, Violation> {
+        let policy = RetryPolicy {
+            jitter_per_mille: trace.header.jitter_per_mille,
+            ..RetryPolicy::default()
+        };
+        let setup = DriverSetup {
+            run_id: RunId::new(RUN_NAME),
+            policy,
+            attempt_limit: trace.header.attempt_limit,
+        };
+        let driver = factory(&setup).map_err(|error| Violation {
+            guarantee: GuaranteeId::ErrorsNotPanics,
+            phase: Phase::Setup,
+            detail: format!("the driver could not be built: {error}"),
+        })?;
+        let executor = IdempotentEffectExecutor::new(substrate.backend(), substrate.spawner());
+        let strict_calls = substrate.capabilities().deterministic;
+        Ok(Harness {
+            substrate,
+            executor,
+            driver,
+            options,
+            strict_calls,
+            phase,
+            now: Timestamp::from_millis(trace.header.clock_start_ms),
+            model: ShapeModel::initial(),
+            generation: 0,
+            history: VecDeque::new(),
+            timed_out: BTreeSet::new(),
+            ever_pending: BTreeSet::new(),
+            highest_attempt: None,
+            highest_generation: None,
+            cleanup_failed: BTreeSet::new(),
+            calls: Vec::new(),
+            vacuity: Vacuity::default(),
+            edges_reached: false,
+            converged: false,
+            steps: 0,
+            narration: Vec::new(),
+        })
+    }
+
+    pub(super) fn violation(&self, breach: Breach) -> Violation {
+        Violation {
+            guarantee: breach.guarantee,
+            phase: self.phase.get(),
+            detail: breach.detail,
+        }
+    }
+
+    pub(super) fn check(&self, verdict: Verdict) -> Result<(), Violation> {
+        verdict.map_err(|b| self.violation(b))
+    }
+
+    pub(super) fn run(&mut self, trace: &Trace) -> Result<(), Violation> {
+        self.phase.set(Phase::Setup);
+        self.submit_shape()?;
+        self.settle()?;
+        self.check_state()?;
+        for (index, input) in trace.inputs.iter().enumerate() {
+            self.phase.set(Phase::Input(index));
+            self.apply(input)?;
+            self.steps = index + 1;
+            self.check_state()?;
+            if (index + 1) % QUIESCENCE_PROBE_PERIOD == 0 {
+                self.probe_quiescence()?;
+            }
+            if self.options.narrate {
+                let summary = summarize(self.driver.state());
+                self.narration
+                    .push(format!("#{index} {input} => {summary}"));
+            }
+        }
+        self.phase.set(Phase::End);
+        self.probe_quiescence()?;
+        if self.options.mode == Mode::Fair {
+            self.fair_tail()?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish(
+        mut self,
+        violation: Option<Violation>,
+        narration: Vec<String>,
+    ) -> RunOutcome {
+        let executor = self.executor.counters();
+        let substrate = self.substrate.counters();
+        self.vacuity.adoptions_after_ambiguity = substrate.adoptions;
+        self.vacuity.late_results_discarded += executor.late_dropped;
+        if self.edges_reached {
+            self.vacuity.edges_reached = 1;
+        }
+        let state = self.driver.state().clone();
+        let converged_shape = self.converged.then(|| {
+            state
+                .nodes
+                .iter()
+                .map(|(id, node)| {
+                    (
+                        id.clone(),
+                        NodeShape {
+                            spec: node.spec.clone(),
+                            stage: node.record.stage,
+                            ready: node.record.ready,
+                            intent: node.intent,
+                        },
+                    )
+                })
+                .collect()
+        });
+        RunOutcome {
+            violation,
+            vacuity: self.vacuity,
+            digest: RunDigest {
+                calls: std::mem::take(&mut self.calls),
+                state,
+                live: self.substrate.live_resources(),
+                steps: self.steps,
+            },
+            converged: self.converged,
+            edges_reached: self.edges_reached,
+            deterministic: self.strict_calls,
+            converged_shape,
+            narration,
+        }
+    }
+
+    // -----------------------------------------------------------------------
+    // Inputs.
+    // -----------------------------------------------------------------------
+
+    fn apply(&mut self, input: &Input) -> Result<(), Violation> {
+        match *input {
+            Input::Tick { millis } => {
+                let target = self.now.saturating_add(Duration::from_millis(millis));
+                self.advance_to(target)?;
+            }
+            Input::Desire(change) => {
+                if self.model.apply(change) {
+                    self.submit_shape()?;
+                }
+            }
+            Input::Revision(probe) => self.probe_revision(probe)?,
+            Input::Script { target, fault } => {
+                self.substrate.script(target, fault);
+            }
+            Input::Run(step) => {
+                self.substrate.run_work(step);
+                self.check_calls()?;
+            }
+            Input::Stream { session, event } => {
+                self.substrate.stream(session, event);
+            }
+            Input::Redeliver { back } => {
+                if !self.history.is_empty() {
+                    let index = self.history.len() - 1 - (back as usize % self.history.len());
+                    if let Some(delivery) = self.history.get(index).cloned() {
+                        match delivery {
+                            Delivery::Result(result) => self.deliver_result(result)?,
+                            Delivery::Observation(observation) => {
+                                self.deliver_observation(observation)?;
+                            }
+                        }
+                    }
+                }
+            }
+            Input::Release => {
+                self.substrate.release_oldest_hang();
+            }
+            Input::Lose { ready, cause } => {
+                let ready_nodes: Vec<(LogicalNodeId, NodeAttemptId)> = self
+                    .driver
+                    .state()
+                    .nodes
+                    .iter()
+                    .filter(|(_, node)| node.is_ready())
+                    .map(|(id, node)| (id.clone(), node.attempt))
+                    .collect();
+                if !ready_nodes.is_empty() {
+                    let (node, attempt) = &ready_nodes[ready as usize % ready_nodes.len()];
+                    if self.substrate.lose(node, *attempt, cause) {
+                        self.vacuity.ready_node_losses += 1;
+                    }
+                }
+            }
+        }
+        self.settle()
+    }
+
+    fn submit_shape(&mut self) -> Result<(), Violation> {
+        self.generation += 1;
+        let shape = self.model.shape(self.generation);
+        match self.driver.update_desired(shape) {
+            Ok(DesiredUpdate::Accepted) => Ok(()),
+            other => Err(self.violation(breach(
+                GuaranteeId::MonotonicGeneration,
+                format!(
+                    "a valid shape at the strictly higher generation {} was not accepted: {other:?}",
+                    self.generation
+                ),
+            ))),
+        }
+    }
+
+    fn probe_revision(&mut self, probe: RevisionProbe) -> Result<(), Violation> {
+        let (shape, expected) = match probe {
+            RevisionProbe::Regress => (
+                self.model.shape(self.generation.saturating_sub(1)),
+                "a generation regression error",
+            ),
+            RevisionProbe::Same => (self.model.shape(self.generation), "an unchanged no-op"),
+            RevisionProbe::Silent => (
+                self.model.altered().shape(self.generation),
+                "a content-changed-without-bump error",
+            ),
+        };
+        let before_state = self.driver.state().clone();
+        let before_desired = self.driver.desired().clone();
+        let outcome = self.driver.update_desired(shape);
+        let as_expected = match probe {
+            RevisionProbe::Regress => {
+                matches!(outcome, Err(DriverError::GenerationRegressed { .. }))
+            }
+            RevisionProbe::Same => matches!(outcome, Ok(DesiredUpdate::Unchanged)),
+            RevisionProbe::Silent => matches!(
+                outcome,
+                Err(DriverError::ContentChangedWithoutGenerationBump { .. })
+            ),
+        };
+        let unchanged =
+            *self.driver.state() == before_state && *self.driver.desired() == before_desired;
+        self.check(if as_expected && unchanged {
+            Ok(())
+        } else {
+            Err(breach(
+                GuaranteeId::MonotonicGeneration,
+                format!(
+                    "revision probe {}: expected {expected} changing nothing, got {outcome:?} (changed: {})",
+                    probe.name(),
+                    !unchanged
+                ),
+            ))
+        })
+    }
+
+    // -----------------------------------------------------------------------
+    // Settling.
+    // -----------------------------------------------------------------------
+
+    /// Folds everything available and drives until nothing moves.
+    pub(super) fn settle(&mut self) -> Result<(), Violation> {
+        for _ in 0..MAX_SETTLE_ROUNDS {
+            let mut progressed = false;
+            for result in self.executor.take_results() {
+                self.deliver_result(result)?;
+                progressed = true;
+            }
+            for observation in self.substrate.take_observations() {
+                self.deliver_observation(observation)?;
+                progressed = true;
+            }
+            progressed |= self.fold_due_timeouts()?;
+            progressed |= self.drive()?;
+            self.check_calls()?;
+            if !progressed {
+                return Ok(());
+            }
+        }
+        Err(self.violation(breach(
+            GuaranteeId::Quiescence,
+            format!(
+                "livelock: the machine did not settle within {MAX_SETTLE_ROUNDS} rounds ({})",
+                summarize(self.driver.state())
+            ),
+        )))
+    }
+
+    pub(super) fn edge_error(error: &DriverError) -> bool {
+        match error {
+            DriverError::Clock(_) => true,
+            DriverError::NodeErrors(errors) => errors
+                .iter()
+                .all(|(_, e)| matches!(e, NodeError::Id(_) | NodeError::Clock(_))),
+            _ => false,
+        }
+    }
+
+    pub(super) fn unexpected(&self, what: &str, error: &DriverError) -> Violation {
+        self.violation(breach(
+            GuaranteeId::ErrorsNotPanics,
+            format!("{what} failed with an unexpected error: {error}"),
+        ))
+    }
+
+    /// Runs queued passes; returns whether any pass ran.
+    pub(super) fn drive(&mut self) -> Result<bool, Violation> {
+        let due_timer = self
+            .driver
+            .requeue_at()
+            .is_some_and(|t| self.now.reached(t));
+        if !self.driver.is_queued() && !due_timer {
+            return Ok(false);
+        }
+        let pre = self.driver.state().clone();
+        let mut sink = &self.executor;
+        let outcome = self.driver.drive_until_blocked(self.now, &mut sink);
+        let (passes, edge) = match &outcome {
+            Ok(report) => (report.passes, false),
+            Err(error) if Harness::<S>::edge_error(error) => {
+                self.edges_reached = true;
+                (1, true)
+            }
+            Err(error) => return Err(self.unexpected("a pass", error)),
+        };
+        self.check_drive(&pre, edge)?;
+        Ok(passes > 0)
+    }
+
+    fn check_drive(&mut self, pre: &ClusterState, edge: bool) -> Result<(), Violation> {
+        let now = self.now;
+        let policy = *self.driver.policy();
+        let post = self.driver.state();
+        let desired = self.driver.desired();
+        let mut highest = self.highest_attempt;
+        let mut verdict = oracle::g01_new_attempts_are_fresh(pre, post, &mut highest);
+        let dispatches = oracle::new_dispatches(pre, post);
+        for dispatch in &dispatches {
+            verdict = verdict
+                .and_then(|()| oracle::g25_deadline_is_stored_at_dispatch(dispatch, &policy, now))
+                .and_then(|()| oracle::g09_no_effect_before_backoff(dispatch, pre, post, now))
+                .and_then(|()| oracle::g12_no_destructive_step_while_ambiguous(dispatch, pre));
+        }
+        let mut replacements = 0;
+        let mut scale_downs = 0;
+        for change in oracle::slot_changes(pre, post) {
+            verdict = verdict
+                .and_then(|()| oracle::g07_attempts_end_only_when_empty(&change, desired, now))
+                .and_then(|()| oracle::g12_not_destroyed_while_ambiguous(&change))
+                .and_then(|()| oracle::g12_passes_keep_retry_bookkeeping(&change))
+                .and_then(|()| {
+                    oracle::g17_only_undesired_drifted_or_failed_nodes_are_deleted(&change, desired)
+                });
+            if !edge {
+                verdict =
+                    verdict.and_then(|()| oracle::g10_failed_attempt_starts_cleanup(&change, now));
+            }
+            if let (Some(before), Some(after)) = (change.before, change.after) {
+                if before.attempt != after.attempt {
+                    replacements += 1;
+                }
+                if before.intent == Intent::Active
+                    && after.intent == Intent::Deleting
+                    && !desired.contains(change.id)
+                {
+                    scale_downs += 1;
+                }
+            }
+        }
+        self.check(verdict)?;
+        self.highest_attempt = highest;
+        self.vacuity.replacements += replacements;
+        self.vacuity.scale_downs += scale_downs;
+        for dispatch in dispatches {
+            let attempt = dispatch.pending.id.attempt();
+            if dispatch.pending.kind.is_cleanup() && self.cleanup_failed.remove(&attempt) {
+                self.vacuity.cleanup_retries += 1;
+            }
+            self.ever_pending.insert(dispatch.pending.id);
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_calls(&mut self) -> Result<(), Violation> {
+        if let Some(alarm) = self.substrate.take_ledger_alarms().into_iter().next() {
+            return Err(self.violation(breach(GuaranteeId::NoDoubleCreate, alarm)));
+        }
+        for call in self.substrate.take_calls() {
+            let verdict = oracle::g05_one_call_per_attempt(&call).and_then(|()| {
+                oracle::g04_call_was_recorded(
+                    &call,
+                    self.driver.state(),
+                    &self.timed_out,
+                    &self.ever_pending,
+                    self.strict_calls,
+                )
+            });
+            self.check(verdict)?;
+            self.calls.push(call);
+        }
+        Ok(())
+    }
+
+    pub(super) fn remember(&mut self, delivery: Delivery) {
+        if self.history.len() >= MAX_HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(delivery);
+    }
+
+    pub(super) fn is_pending(&self, node: &LogicalNodeId, op: OperationId) -> bool {
+        self.driver
+            .state()
+            .nodes
+            .get(node)
+            .and_then(|n| n.pending_op())
+            == Some(op)
+    }
+
+    pub(super) fn deliver_result(&mut self, result: ExecutorResult) -> Result<(), Violation> {
+        self.remember(Delivery::Result(result.clone()));
+        if !self.is_pending(&result.node, result.op) {
+            let before = self.driver.state().clone();
+            let outcome = self.driver.apply_executor_result(&result, self.now);
+            self.vacuity.late_results_discarded += 1;
+            let unchanged = *self.driver.state() == before;
+            return self.check(if unchanged && outcome.is_err() {
+                Ok(())
+            } else {
+                Err(breach(
+                    GuaranteeId::Correlation,
+                    format!(
+                        "the result of {} {} for {}, which was not pending, was folded ({outcome:?}; state changed: {})",
+                        result.kind, result.op, result.node, !unchanged
+                    ),
+                ))
+            });
+        }
+        let before = self.driver.state().nodes.get(&result.node).cloned();
+        match self.driver.apply_executor_result(&result, self.now) {
+            Ok(()) => {}
+            Err(error) if Harness::<S>::edge_error(&error) => {
+                self.edges_reached = true;
+                return Ok(());
+            }
+            Err(error @ DriverError::Rejected(_)) => {
+                return Err(self.violation(breach(
+                    GuaranteeId::Correlation,
+                    format!(
+                        "the result of the pending {} {} for {} was rejected: {error}",
+                        result.kind, result.op, result.node
+                    ),
+                )));
+            }
+            Err(error) => return Err(self.unexpected("folding a result", &error)),
+        }
+        if let Some(before) = before {
+            self.check_fold(&result.node.clone(), &before, &FoldCause::Result(&result))?;
+        }
+        match &result.outcome {
+            Ok(EffectOutput::Endpoint(EndpointLookup::NotReady)) => {
+                self.vacuity.endpoint_probes += 1;
+            }
+            Err(_) if result.kind.is_cleanup() => {
+                self.cleanup_failed.insert(result.op.attempt());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    pub(super) fn deliver_observation(
+        &mut self,
+        observation: Observation,
+    ) -> Result<(), Violation> {
+        self.remember(Delivery::Observation(observation.clone()));
+        let node_id = observation.node().clone();
+        let current = self
+            .driver
+            .state()
+            .nodes
+            .get(&node_id)
+            .filter(|n| n.attempt == observation.attempt())
+            .cloned();
+        let before_state = self.driver.state().clone();
+        let outcome = self.driver.apply_observation(&observation, self.now);
+        let Some(before) = current else {
+            let unchanged = *self.driver.state() == before_state;
+            return self.check(if unchanged && outcome.is_err() {
+                Ok(())
+            } else {
+                Err(breach(
+                    GuaranteeId::AttemptFactOwnership,
+                    format!(
+                        "an observation of a superseded or unknown attempt was folded: {observation:?} ({outcome:?}; state changed: {})",
+                        !unchanged
+                    ),
+                ))
+            });
+        };
+        match outcome {
+            Ok(()) => self.check_fold(&node_id, &before, &FoldCause::Observation(&observation)),
+            Err(error) if Harness::<S>::edge_error(&error) => {
+                self.edges_reached = true;
+                Ok(())
+            }
+            Err(DriverError::Rejected(_)) => {
+                let unchanged = *self.driver.state() == before_state;
+                self.check(if unchanged {
+                    Ok(())
+                } else {
+                    Err(breach(
+                        GuaranteeId::Correlation,
+                        format!("a rejected observation changed the state: {observation:?}"),
+                    ))
+                })
+            }
+            Err(error) => Err(self.unexpected("folding an observation", &error)),
+        }
+    }
+
+    pub(super) fn check_fold(
+        &self,
+        id: &LogicalNodeId,
+        before: &ManagedNode,
+        cause: &FoldCause<'_>,
+    ) -> Result<(), Violation> {
+        let Some(after) = self.driver.state().nodes.get(id) else {
+            return Ok(());
+        };
+        let policy = self.driver.policy();
+        let verdict = oracle::g07_facts_leave_only_on_confirmed_absence(id, before, after, cause)
+            .and_then(|()| {
+                oracle::g09_delays_follow_the_policy(id, before, after, cause, policy, self.now)
+            })
+            .and_then(|()| oracle::g11_probe_is_not_failure(id, before, after, cause))
+            .and_then(|()| {
+                oracle::g12_ambiguity_forgotten_only_by_an_answer(id, before, after, cause)
+            });
+        self.check(verdict)
+    }
+
+    pub(super) fn check_state(&mut self) -> Result<(), Violation> {
+        let live = self.substrate.live_resources();
+        let state = self.driver.state();
+        let desired = self.driver.desired();
+        let settled = !self.driver.is_queued();
+        let lease_owner = |lease: &LeaseHandle| self.substrate.lease_owner(lease);
+        let session_owner = |session: &SessionHandle| self.substrate.session_owner(session);
+        let mut highest = self.highest_generation;
+        let verdict = oracle::g01_identity_in_state(state)
+            .and_then(|()| oracle::g02_pending_belongs_to_current_attempt(state))
+            .and_then(|()| {
+                oracle::g03_facts_belong_to_current_attempt(state, &lease_owner, &session_owner)
+            })
+            .and_then(|()| oracle::g06_dead_nodes_hold_nothing(state))
+            .and_then(|()| oracle::g08_no_double_create(&live))
+            .and_then(|()| oracle::g14_readiness_coherence(state, desired, settled))
+            .and_then(|()| oracle::g15_session_coherence(state))
+            .and_then(|()| oracle::g16_generation_is_monotonic(state, desired, &mut highest))
+            .and_then(|()| {
+                if settled && !self.edges_reached {
+                    oracle::g17_undesired_slots_are_not_active(state, desired)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| {
+                oracle::g19_converged_has_no_requeue(
+                    self.driver.is_converged(),
+                    self.driver.requeue_at(),
+                )
+            });
+        self.check(verdict)?;
+        self.highest_generation = highest;
+        Ok(())
+    }
+
+    /// G19: a forced pass over the settled machine dispatches nothing,
+    /// changes nothing and keeps `requeue_at`.
+    pub(super) fn probe_quiescence(&mut self) -> Result<(), Violation> {
+        if self.edges_reached || self.driver.is_queued() {
+            return Ok(());
+        }
+        let before = self.driver.state().clone();
+        let requeue_at = self.driver.requeue_at();
+        self.driver.trigger();
+        self.drive()?;
+        let state = self.driver.state();
+        if *state != before {
+            let changed: Vec<String> = oracle::slot_changes(&before, state)
+                .into_iter()
+                .filter(|c| c.before != c.after)
+                .map(|c| match (c.before, c.after) {
+                    (Some(b), Some(a)) => format!(
+                        "{} -> {}",
+                        oracle::describe_node(c.id, b),
+                        oracle::describe_node(c.id, a)
+                    ),
+                    (None, Some(a)) => format!("new {}", oracle::describe_node(c.id, a)),
+                    (Some(b), None) => format!("removed {}", oracle::describe_node(c.id, b)),
+                    (None, None) => String::new(),
+                })
+                .collect();
+            return Err(self.violation(breach(
+                GuaranteeId::Quiescence,
+                format!(
+                    "a forced pass over a settled machine changed it: {}",
+                    changed.join("; ")
+                ),
+            )));
+        }
+        let after = self.driver.requeue_at();
+        self.check(if after == requeue_at {
+            Ok(())
+        } else {
+            Err(breach(
+                GuaranteeId::Quiescence,
+                format!(
+                    "a forced pass over a settled machine moved requeue_at from {requeue_at:?} to {after:?}"
+                ),
+            ))
+        })
+    }
+}

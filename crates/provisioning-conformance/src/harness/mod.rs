@@ -1,0 +1,428 @@
+//! The harness: folds a trace into a real driver, executor and substrate,
+//! and runs the oracle as it goes.
+//!
+//! The harness plays the host. It owns the clock, arms one timer at the
+//! driver's `requeue_at` (so it wakes exactly at every stored deadline on the
+//! way through a tick), folds executor results, observations and operation
+//! timeouts, and calls `drive_until_blocked` until the machine settles —
+//! within [`MAX_SETTLE_ROUNDS`]; not settling is reported as a livelock.
+//!
+//! A run has a [`Mode`]: adversarial (the trace, faults to the end, safety
+//! checks only) or fair (the same trace, then a fair-scheduler tail in which
+//! faults stop, hung work is released, every queued result is delivered and
+//! time advances — and the cluster must converge).
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use provisioning::driver::DriverError;
+use provisioning::id::AttemptAllocator;
+use provisioning::{
+    ClusterDriver, ClusterShape, ClusterState, ExecutorResult, Generation,
+    IdempotentEffectExecutor, Intent, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeStage,
+    Observation, OperationId, RetryPolicy, RunId, Timestamp,
+};
+
+use crate::driver_under_test::DriverUnderTest;
+use crate::guarantee::{GuaranteeId, Phase, Violation};
+use crate::oracle;
+use crate::substrate::{CallRecord, LiveResources, Substrate};
+use crate::trace::{Trace, WorkStep};
+
+/// The most settle rounds (fold everything, drive) after one input before
+/// the harness declares a livelock.
+pub const MAX_SETTLE_ROUNDS: usize = 64;
+
+/// The most host wake-ups inside one clock tick; past it the host coalesces
+/// the remaining wake-ups into one at the end of the tick.
+pub const MAX_WAKES_PER_TICK: usize = 256;
+
+/// The most rounds of the fair tail. Each round delivers all work and then
+/// advances the clock to the next stored deadline.
+pub const FAIR_ROUNDS_MAX: usize = 64;
+
+/// The most work/deliver iterations inside one fair-tail round.
+pub const FAIR_INNER_MAX: usize = 32;
+
+/// How many deliveries the harness remembers for
+/// [`Input::Redeliver`](crate::trace::Input::Redeliver).
+pub const MAX_HISTORY: usize = 64;
+
+/// A forced pass (G19) runs after every this many inputs, and at the end.
+pub const QUIESCENCE_PROBE_PERIOD: usize = 4;
+
+/// The run id every harness run uses.
+pub const RUN_NAME: &str = "conformance";
+
+/// The provider kind of every group in the harness's shapes.
+pub const PROVIDER_KIND: &str = "fake";
+
+/// How a trace is run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mode {
+    /// Faults to the end; safety guarantees only.
+    Adversarial,
+    /// The trace, then a fair-scheduler tail that must converge (G21–G23).
+    Fair,
+}
+
+impl Mode {
+    /// Both modes, in battery order.
+    pub const ALL: [Mode; 2] = [Mode::Adversarial, Mode::Fair];
+
+    /// The mode's name in reports and on command lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Adversarial => "adversarial",
+            Mode::Fair => "fair",
+        }
+    }
+
+    /// The mode named `text`, if any.
+    pub fn from_name(text: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|m| m.name() == text)
+    }
+}
+
+/// What the harness passes to a driver factory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverSetup {
+    /// The run.
+    pub run_id: RunId,
+    /// The retry policy (jitter from the trace header).
+    pub policy: RetryPolicy,
+    /// An attempt-id limit from the trace header, if any.
+    pub attempt_limit: Option<u64>,
+}
+
+/// Builds the driver under test for one run.
+pub type DriverFactory = dyn Fn(&DriverSetup) -> Result<Box<dyn DriverUnderTest>, DriverError>;
+
+/// The default factory: a real [`ClusterDriver`] with an empty shape at
+/// generation 0 and the setup's attempt limit.
+///
+/// # Errors
+/// [`DriverError::InvalidShape`] when the run name is invalid.
+pub fn cluster_driver(setup: &DriverSetup) -> Result<Box<dyn DriverUnderTest>, DriverError> {
+    let desired = ClusterShape::empty(setup.run_id.clone(), Generation::new(0)).validate()?;
+    let state = ClusterState {
+        attempts: match setup.attempt_limit {
+            Some(limit) => AttemptAllocator::with_limit(1, limit),
+            None => AttemptAllocator::new(),
+        },
+        ..ClusterState::default()
+    };
+    Ok(Box::new(ClusterDriver::with_state(
+        desired,
+        state,
+        setup.policy,
+    )))
+}
+
+/// Options of one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunOptions {
+    /// The mode.
+    pub mode: Mode,
+    /// In which order the fair tail runs queued work (G20 compares orders).
+    pub tail_order: WorkStep,
+    /// Whether to keep a step-by-step narration for reports.
+    pub narrate: bool,
+}
+
+impl RunOptions {
+    /// A run in `mode`, FIFO tail, no narration.
+    pub fn new(mode: Mode) -> Self {
+        RunOptions {
+            mode,
+            tail_order: WorkStep::Fifo,
+            narrate: false,
+        }
+    }
+}
+
+/// How often each interesting situation was reached (the vacuity check).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Vacuity {
+    /// A create or start adopted a resource an earlier ambiguous call left.
+    pub adoptions_after_ambiguity: u64,
+    /// An operation timeout was folded.
+    pub timeouts: u64,
+    /// A slot got a fresh attempt replacing an old one.
+    pub replacements: u64,
+    /// A node began deletion because its slot was no longer desired.
+    pub scale_downs: u64,
+    /// A cleanup step was dispatched again after a failed one.
+    pub cleanup_retries: u64,
+    /// An endpoint lookup answered "not ready yet".
+    pub endpoint_probes: u64,
+    /// A late or duplicate result was discarded (by the executor or the driver).
+    pub late_results_discarded: u64,
+    /// A ready node was lost.
+    pub ready_node_losses: u64,
+    /// Attempt exhaustion or clock saturation was reached (informational).
+    pub edges_reached: u64,
+}
+
+impl Vacuity {
+    /// The counts the battery requires to be non-zero, by name.
+    pub fn required(&self) -> [(&'static str, u64); 8] {
+        [
+            ("adoption after ambiguity", self.adoptions_after_ambiguity),
+            ("timeout", self.timeouts),
+            ("replacement", self.replacements),
+            ("scale-down", self.scale_downs),
+            ("cleanup retry", self.cleanup_retries),
+            ("endpoint probe", self.endpoint_probes),
+            ("late result discarded", self.late_results_discarded),
+            ("ready-node loss", self.ready_node_losses),
+        ]
+    }
+
+    /// Adds `other` to `self`.
+    pub fn add(&mut self, other: &Vacuity) {
+        self.adoptions_after_ambiguity += other.adoptions_after_ambiguity;
+        self.timeouts += other.timeouts;
+        self.replacements += other.replacements;
+        self.scale_downs += other.scale_downs;
+        self.cleanup_retries += other.cleanup_retries;
+        self.endpoint_probes += other.endpoint_probes;
+        self.late_results_discarded += other.late_results_discarded;
+        self.ready_node_losses += other.ready_node_losses;
+        self.edges_reached += other.edges_reached;
+    }
+}
+
+/// What identifies a run's outcome for the determinism check (G18).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunDigest {
+    /// Every backend call, in start order.
+    pub calls: Vec<CallRecord>,
+    /// The final observed state.
+    pub state: ClusterState,
+    /// The final live resources.
+    pub live: LiveResources,
+    /// How many inputs were applied.
+    pub steps: usize,
+}
+
+/// A node's converged shape, for the confluence check (G20): what must not
+/// depend on the order in which independent work completed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeShape {
+    /// The node's spec.
+    pub spec: LogicalNodeSpec,
+    /// The stage.
+    pub stage: NodeStage,
+    /// Whether it is ready.
+    pub ready: bool,
+    /// Its intent.
+    pub intent: Intent,
+}
+
+/// The result of one run.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    /// The first guarantee found broken, if any.
+    pub violation: Option<Violation>,
+    /// Vacuity counts of this run.
+    pub vacuity: Vacuity,
+    /// The run's digest.
+    pub digest: RunDigest,
+    /// Whether the fair tail converged (fair mode only).
+    pub converged: bool,
+    /// Whether attempt exhaustion or clock saturation was reached, which
+    /// waives the convergence checks.
+    pub edges_reached: bool,
+    /// Whether the substrate promised reproducible runs (G18 and G20 apply).
+    pub deterministic: bool,
+    /// The converged cluster's shape per slot (fair mode, when converged).
+    pub converged_shape: Option<BTreeMap<LogicalNodeId, NodeShape>>,
+    /// A step-by-step narration, when asked for.
+    pub narration: Vec<String>,
+}
+
+/// Runs `trace` against a fresh `substrate` and the driver `factory` builds.
+///
+/// # Guarantees
+/// Never panics because of the driver, executor or backend: a panic escaping
+/// any of them is reported as a G13 violation. Bounded: every loop inside has
+/// a named limit, and hitting a settle limit is reported as a livelock.
+pub fn run_trace<S: Substrate>(
+    substrate: S,
+    factory: &DriverFactory,
+    trace: &Trace,
+    options: RunOptions,
+) -> RunOutcome {
+    let phase = Cell::new(Phase::Setup);
+    let mut narration = Vec::new();
+    let mut slot: Option<Harness<S>> = None;
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let harness = Harness::new(substrate, factory, trace, options, &phase)?;
+        let harness = slot.insert(harness);
+        harness.run(trace)
+    }));
+    let violation = match result {
+        Ok(Ok(())) => None,
+        Ok(Err(violation)) => Some(violation),
+        Err(payload) => Some(Violation {
+            guarantee: GuaranteeId::ErrorsNotPanics,
+            phase: phase.get(),
+            detail: format!("a step panicked: {}", panic_text(payload.as_ref())),
+        }),
+    };
+    match slot {
+        Some(mut harness) => {
+            narration.append(&mut harness.narration);
+            harness.finish(violation, narration)
+        }
+        None => RunOutcome {
+            violation,
+            vacuity: Vacuity::default(),
+            digest: RunDigest {
+                calls: Vec::new(),
+                state: ClusterState::default(),
+                live: LiveResources::default(),
+                steps: 0,
+            },
+            converged: false,
+            edges_reached: false,
+            deterministic: false,
+            converged_shape: None,
+            narration,
+        },
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "non-text panic payload".to_owned()
+    }
+}
+
+mod clock;
+mod host;
+mod model;
+mod tail;
+
+use model::ShapeModel;
+
+#[derive(Clone, Debug)]
+enum Delivery {
+    Result(ExecutorResult),
+    Observation(Observation),
+}
+
+struct Harness<'p, S: Substrate> {
+    substrate: S,
+    executor: IdempotentEffectExecutor<S::Backend>,
+    driver: Box<dyn DriverUnderTest>,
+    options: RunOptions,
+    strict_calls: bool,
+    phase: &'p Cell<Phase>,
+    now: Timestamp,
+    model: ShapeModel,
+    generation: u64,
+    history: VecDeque<Delivery>,
+    timed_out: BTreeSet<OperationId>,
+    ever_pending: BTreeSet<OperationId>,
+    highest_attempt: Option<NodeAttemptId>,
+    highest_generation: Option<u64>,
+    cleanup_failed: BTreeSet<NodeAttemptId>,
+    calls: Vec<CallRecord>,
+    vacuity: Vacuity,
+    edges_reached: bool,
+    converged: bool,
+    steps: usize,
+    narration: Vec<String>,
+}
+
+/// A one-line description of every node, for narrations and reports.
+pub(crate) fn summarize(state: &ClusterState) -> String {
+    if state.nodes.is_empty() {
+        return "no nodes".to_owned();
+    }
+    state
+        .nodes
+        .iter()
+        .map(|(id, node)| oracle::describe_node(id, node))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::FakeSubstrate;
+
+    fn run(trace: &str, mode: Mode) -> RunOutcome {
+        let trace: Trace = trace.parse().unwrap();
+        run_trace(
+            FakeSubstrate::new(),
+            &cluster_driver,
+            &trace,
+            RunOptions::new(mode),
+        )
+    }
+
+    #[test]
+    fn extreme_headers_give_errors_and_no_violation() {
+        let config = crate::generate::GeneratorConfig {
+            min_inputs: 24,
+            max_inputs: 24,
+            edges_per_mille: 0,
+        };
+        let limits = [Some(0), Some(1), Some(2), None];
+        let clocks = [0, u64::MAX, u64::MAX - 1, u64::MAX - 30_000];
+        for (index, (limit, clock)) in limits
+            .into_iter()
+            .flat_map(|l| clocks.map(|c| (l, c)))
+            .enumerate()
+        {
+            let mut trace = crate::generate::generate(index as u64, &config);
+            trace.header.attempt_limit = limit;
+            trace.header.clock_start_ms = clock;
+            trace.header.jitter_per_mille = 1000;
+            for mode in Mode::ALL {
+                let outcome = run_trace(
+                    FakeSubstrate::new(),
+                    &cluster_driver,
+                    &trace,
+                    RunOptions::new(mode),
+                );
+                assert_eq!(outcome.violation, None, "{trace}");
+                if limit.is_some() || clock > 0 {
+                    assert!(outcome.edges_reached || outcome.converged, "{trace}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_trace_converges_in_the_fair_tail() {
+        let outcome = run("", Mode::Fair);
+        assert_eq!(outcome.violation, None);
+        assert!(outcome.converged);
+        assert_eq!(outcome.digest.state.nodes.len(), 2);
+        assert_eq!(outcome.digest.live.leases.len(), 2);
+    }
+
+    #[test]
+    fn a_plain_bring_up_converges_inside_the_trace() {
+        let outcome = run(
+            "run fifo; run fifo; run fifo; stream @0 joined; stream @1 joined; run fifo; run fifo",
+            Mode::Adversarial,
+        );
+        assert_eq!(outcome.violation, None);
+        assert!(
+            outcome.digest.state.nodes.values().all(|n| n.is_ready()),
+            "{}",
+            summarize(&outcome.digest.state)
+        );
+    }
+}

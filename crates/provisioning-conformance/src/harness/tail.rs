@@ -1,0 +1,98 @@
+//! The fair-scheduler tail (G21–G24).
+
+use std::time::Duration;
+
+use super::{FAIR_INNER_MAX, FAIR_ROUNDS_MAX, Harness};
+use crate::guarantee::{GuaranteeId, Phase, Violation};
+use crate::oracle::{self, breach};
+use crate::substrate::Substrate;
+use crate::trace::WorkStep;
+
+impl<S: Substrate> Harness<'_, S> {
+    pub(super) fn fair_tail(&mut self) -> Result<(), Violation> {
+        self.substrate.stop_faults();
+        let attempts_before = self.driver.state().attempts.next_unallocated();
+        let order = match self.options.tail_order {
+            WorkStep::One(_) => WorkStep::Fifo,
+            order => order,
+        };
+        for round in 0..FAIR_ROUNDS_MAX {
+            self.phase.set(Phase::Tail(round));
+            for _ in 0..FAIR_INNER_MAX {
+                let released = self.substrate.release_all_hangs();
+                let ran = self.substrate.run_work(order);
+                self.check_calls()?;
+                self.settle()?;
+                let progressed = self.substrate.fair_progress();
+                self.settle()?;
+                if released + ran + progressed == 0 && !self.substrate.has_runnable_work() {
+                    break;
+                }
+            }
+            self.check_state()?;
+            if self.driver.is_converged() {
+                self.converged = true;
+                break;
+            }
+            let next = self
+                .driver
+                .requeue_at()
+                .filter(|t| *t > self.now)
+                .unwrap_or_else(|| self.now.saturating_add(Duration::from_secs(1)));
+            self.advance_to(next)?;
+            self.check_state()?;
+        }
+        self.phase.set(Phase::End);
+        if self.edges_reached {
+            return Ok(());
+        }
+        if !self.converged {
+            let pending = oracle::describe_pending(self.driver.state(), self.driver.desired());
+            return Err(self.violation(breach(
+                GuaranteeId::FairConvergence,
+                format!(
+                    "no convergence within {FAIR_ROUNDS_MAX} fair rounds; still pending: {pending}; work: {}",
+                    self.substrate.describe_work()
+                ),
+            )));
+        }
+        self.probe_quiescence()?;
+        let new_attempts = self
+            .driver
+            .state()
+            .attempts
+            .next_unallocated()
+            .saturating_sub(attempts_before);
+        let nodes = self.driver.desired().node_count();
+        let bound = 2 * nodes + 2;
+        self.check(if new_attempts <= bound {
+            Ok(())
+        } else {
+            Err(breach(
+                GuaranteeId::BoundedReplacement,
+                format!("the fair tail made {new_attempts} new attempts for {nodes} nodes (bound {bound})"),
+            ))
+        })?;
+        let live = self.substrate.live_resources();
+        self.check(oracle::g23_converged_leaks_nothing(
+            self.driver.state(),
+            &live,
+        ))?;
+        let latest = self.model.shape(self.generation);
+        self.check(if *self.driver.desired().shape() == latest
+            && self.driver.state().observed_generation == Some(latest.generation)
+        {
+            Ok(())
+        } else {
+            Err(breach(
+                GuaranteeId::LatestDesiredWins,
+                format!(
+                    "converged for generation {:?} / {}, but the latest desired generation is {}",
+                    self.driver.state().observed_generation,
+                    self.driver.desired().generation(),
+                    latest.generation
+                ),
+            ))
+        })
+    }
+}

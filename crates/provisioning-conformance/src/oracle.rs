@@ -1,0 +1,1061 @@
+//! The oracle: one named check per guarantee and per place it applies.
+//!
+//! Checks are pure functions of what the harness observed (state snapshots,
+//! the substrate's ledger, the fold or pass that just happened) and return a
+//! [`Breach`] naming the guarantee. The harness decides when to run them:
+//!
+//! | When | Checks |
+//! |---|---|
+//! | after every input (settled) | G01 G02 G03 G06 G08 G14 G15 G16 G17, G19 "converged means no requeue" |
+//! | after every fold of a result or observation | G07 G09 G11 G12 |
+//! | for every stale delivery | G02 (results), G03 (observations of other attempts): nothing changes |
+//! | after every pass batch (`drive_until_blocked`) | G01 (new attempts) G06/G07 (replacement) G09 G10 G12 (retry bookkeeping untouched by passes) G17 G25 (stored deadline) |
+//! | for every backend call start | G04 G05 |
+//! | at every host wake on an operation deadline | G25 (not a tick early), G02 (the timeout reported twice) |
+//! | every few inputs and at the end | G19 forced pass |
+//! | revision probes | G16 |
+//! | after the fair tail | G21 G22 G23 G24 |
+//! | across runs of one trace | G18 (same trace twice), G20 (tail work in another order) |
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use provisioning::effect::{EffectOutput, EndpointLookup};
+use provisioning::observe::BootstrapEvent;
+use provisioning::shape::DesiredState;
+use provisioning::state::{PendingOperation, SessionState};
+use provisioning::{
+    ClusterState, ExecutorResult, Intent, LeaseHandle, LogicalNodeId, ManagedNode, NodeAttemptId,
+    NodeStage, Observation, RetryPolicy, SessionHandle, Timestamp,
+};
+
+use crate::guarantee::GuaranteeId;
+use crate::substrate::{CallRecord, LiveResources, ResourceKey};
+
+/// A broken guarantee, before the harness adds where it happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Breach {
+    pub(crate) guarantee: GuaranteeId,
+    pub(crate) detail: String,
+}
+
+pub(crate) type Verdict = Result<(), Breach>;
+
+pub(crate) fn breach(guarantee: GuaranteeId, detail: impl Into<String>) -> Breach {
+    Breach {
+        guarantee,
+        detail: detail.into(),
+    }
+}
+
+fn ensure(condition: bool, guarantee: GuaranteeId, detail: impl FnOnce() -> String) -> Verdict {
+    if condition {
+        Ok(())
+    } else {
+        Err(breach(guarantee, detail()))
+    }
+}
+
+fn label(id: &LogicalNodeId, node: &ManagedNode) -> String {
+    format!("{id}/{}", node.attempt)
+}
+
+/// What a fold was about, for the fold checks.
+pub(crate) enum FoldCause<'a> {
+    /// The result of the node's pending operation.
+    Result(&'a ExecutorResult),
+    /// An observation of the node's current attempt.
+    Observation(&'a Observation),
+}
+
+impl FoldCause<'_> {
+    fn succeeded_with(&self, wanted: fn(&EffectOutput) -> bool) -> bool {
+        matches!(self, FoldCause::Result(r) if r.outcome.as_ref().is_ok_and(wanted))
+    }
+
+    fn is_probe(&self) -> bool {
+        self.succeeded_with(|o| matches!(o, EffectOutput::Endpoint(EndpointLookup::NotReady)))
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            FoldCause::Result(r) => match &r.outcome {
+                Ok(output) => format!("result of {} {}: ok {output:?}", r.kind, r.op),
+                Err(error) => format!("result of {} {}: {error}", r.kind, r.op),
+            },
+            FoldCause::Observation(o) => format!("observation {o:?}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// State checks, after every settled input.
+// ---------------------------------------------------------------------------
+
+/// G01: attempt ids are unique across nodes and below the allocator.
+pub(crate) fn g01_identity_in_state(state: &ClusterState) -> Verdict {
+    let limit = state.attempts.next_unallocated();
+    let mut seen: BTreeMap<NodeAttemptId, &LogicalNodeId> = BTreeMap::new();
+    for (id, node) in &state.nodes {
+        ensure(node.attempt.get() < limit, GuaranteeId::Identity, || {
+            format!(
+                "{} holds an attempt at or above the allocator ({limit})",
+                label(id, node)
+            )
+        })?;
+        if let Some(other) = seen.insert(node.attempt, id) {
+            return Err(breach(
+                GuaranteeId::Identity,
+                format!("attempt {} is held by both {other} and {id}", node.attempt),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// G02: a pending operation belongs to its node's current attempt.
+pub(crate) fn g02_pending_belongs_to_current_attempt(state: &ClusterState) -> Verdict {
+    for (id, node) in &state.nodes {
+        if let Some(pending) = &node.pending {
+            ensure(
+                pending.id.attempt() == node.attempt,
+                GuaranteeId::Correlation,
+                || {
+                    format!(
+                        "{} has pending {} of another attempt",
+                        label(id, node),
+                        pending.id
+                    )
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// G03: the facts a node holds were produced for its current attempt — both
+/// as the state records it and as the substrate issued the handles.
+pub(crate) fn g03_facts_belong_to_current_attempt(
+    state: &ClusterState,
+    lease_owner: &dyn Fn(&LeaseHandle) -> Option<ResourceKey>,
+    session_owner: &dyn Fn(&SessionHandle) -> Option<ResourceKey>,
+) -> Verdict {
+    for (id, node) in &state.nodes {
+        let record = &node.record;
+        let attempts = [
+            ("lease", record.lease.as_ref().map(|f| f.attempt)),
+            ("endpoint", record.endpoint.as_ref().map(|f| f.attempt)),
+            ("bootstrap", record.bootstrap.as_ref().map(|f| f.attempt)),
+            ("swarm join", record.swarm.as_ref().map(|f| f.attempt)),
+        ];
+        for (fact, attempt) in attempts {
+            if let Some(attempt) = attempt {
+                ensure(
+                    attempt == node.attempt,
+                    GuaranteeId::AttemptFactOwnership,
+                    || {
+                        format!(
+                            "{} holds {fact} facts of attempt {attempt}",
+                            label(id, node)
+                        )
+                    },
+                )?;
+            }
+        }
+        let key = (id.clone(), node.attempt);
+        if let Some(lease) = &record.lease {
+            if let Some(owner) = lease_owner(&lease.lease) {
+                ensure(owner == key, GuaranteeId::AttemptFactOwnership, || {
+                    format!(
+                        "{} holds lease {:?}, which the backend issued for {}/{}",
+                        label(id, node),
+                        lease.lease.0,
+                        owner.0,
+                        owner.1
+                    )
+                })?;
+            }
+        }
+        if let Some(session) = record.bootstrap.as_ref().and_then(|b| b.session.as_ref()) {
+            if let Some(owner) = session_owner(session) {
+                ensure(owner == key, GuaranteeId::AttemptFactOwnership, || {
+                    format!(
+                        "{} holds session {:?}, which the backend issued for {}/{}",
+                        label(id, node),
+                        session.0,
+                        owner.0,
+                        owner.1
+                    )
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// G06: a destroyed node holds no lease, session or pending operation.
+pub(crate) fn g06_dead_nodes_hold_nothing(state: &ClusterState) -> Verdict {
+    for (id, node) in &state.nodes {
+        if node.record.stage != NodeStage::Destroyed {
+            continue;
+        }
+        ensure(
+            node.record.lease.is_none() && !node.record.session_active() && node.pending.is_none(),
+            GuaranteeId::DeadHold,
+            || {
+                format!(
+                    "destroyed {} still holds lease={} session_active={} pending={:?}",
+                    label(id, node),
+                    node.record.lease.is_some(),
+                    node.record.session_active(),
+                    node.pending_op()
+                )
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// G08: at most one live resource per key, and live resources of at most one
+/// attempt per slot.
+pub(crate) fn g08_no_double_create(live: &LiveResources) -> Verdict {
+    let mut attempts_of: BTreeMap<&LogicalNodeId, BTreeSet<NodeAttemptId>> = BTreeMap::new();
+    for (what, map) in [("leases", &live.leases), ("sessions", &live.sessions)] {
+        for ((node, attempt), count) in map {
+            ensure(*count <= 1, GuaranteeId::NoDoubleCreate, || {
+                format!("the backend holds {count} live {what} for {node}/{attempt}")
+            })?;
+            if *count > 0 {
+                attempts_of.entry(node).or_default().insert(*attempt);
+            }
+        }
+    }
+    for (node, attempts) in attempts_of {
+        ensure(attempts.len() <= 1, GuaranteeId::NoDoubleCreate, || {
+            format!("the backend holds live resources of attempts {attempts:?} of slot {node}")
+        })?;
+    }
+    Ok(())
+}
+
+/// G14: readiness implies active, the full fact set and the desired spec;
+/// deleting implies not ready. `settled` says no pass is queued, so a ready
+/// node whose spec just changed has been looked at.
+pub(crate) fn g14_readiness_coherence(
+    state: &ClusterState,
+    desired: &DesiredState,
+    settled: bool,
+) -> Verdict {
+    for (id, node) in &state.nodes {
+        let record = &node.record;
+        if node.intent == Intent::Deleting {
+            ensure(!record.ready, GuaranteeId::ReadinessCoherence, || {
+                format!("deleting {} is marked ready", label(id, node))
+            })?;
+        }
+        if !record.ready {
+            continue;
+        }
+        let missing: Vec<&str> = [
+            (node.intent == Intent::Active, "active intent"),
+            (
+                matches!(record.stage, NodeStage::HandedOff | NodeStage::Dormant),
+                "a ready stage",
+            ),
+            (record.lease.is_some(), "lease"),
+            (record.endpoint.is_some(), "endpoint"),
+            (record.swarm.is_some(), "swarm join"),
+            (record.handed_off_at.is_some(), "handoff"),
+        ]
+        .into_iter()
+        .filter(|(present, _)| !present)
+        .map(|(_, what)| what)
+        .collect();
+        ensure(missing.is_empty(), GuaranteeId::ReadinessCoherence, || {
+            format!("ready {} lacks {}", label(id, node), missing.join(", "))
+        })?;
+        if settled {
+            ensure(
+                desired.spec(id).is_some_and(|spec| spec == node.spec),
+                GuaranteeId::ReadinessCoherence,
+                || format!("ready {} does not hold the desired spec", label(id, node)),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// G15: an active session implies bootstrap facts of a node that has a
+/// lease and an endpoint stage; bootstrap stages imply bootstrap facts.
+pub(crate) fn g15_session_coherence(state: &ClusterState) -> Verdict {
+    for (id, node) in &state.nodes {
+        let record = &node.record;
+        if record.session_active() {
+            ensure(
+                record.lease.is_some()
+                    && !matches!(
+                        record.stage,
+                        NodeStage::New | NodeStage::LeaseRequested | NodeStage::LeaseCreated
+                    ),
+                GuaranteeId::SessionCoherence,
+                || {
+                    format!(
+                        "{} has an active session without a lease and endpoint (stage {})",
+                        label(id, node),
+                        record.stage.name()
+                    )
+                },
+            )?;
+        }
+        if matches!(
+            record.stage,
+            NodeStage::BootstrapRunning | NodeStage::SwarmJoined
+        ) {
+            ensure(
+                record.bootstrap.is_some(),
+                GuaranteeId::SessionCoherence,
+                || {
+                    format!(
+                        "{} is in stage {} without bootstrap facts",
+                        label(id, node),
+                        record.stage.name()
+                    )
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// G16: the observed generation never decreases and never passes the
+/// desired one.
+pub(crate) fn g16_generation_is_monotonic(
+    state: &ClusterState,
+    desired: &DesiredState,
+    highest_seen: &mut Option<u64>,
+) -> Verdict {
+    let observed = state.observed_generation.map(|g| g.get());
+    ensure(
+        observed >= *highest_seen,
+        GuaranteeId::MonotonicGeneration,
+        || format!("observed generation went from {highest_seen:?} down to {observed:?}"),
+    )?;
+    ensure(
+        observed <= Some(desired.generation().get()),
+        GuaranteeId::MonotonicGeneration,
+        || {
+            format!(
+                "observed generation {observed:?} is ahead of the desired {}",
+                desired.generation()
+            )
+        },
+    )?;
+    *highest_seen = observed;
+    Ok(())
+}
+
+/// G17 (settled form): no node of an undesired slot is still active, so a
+/// shrunk group has shed exactly its highest indices.
+pub(crate) fn g17_undesired_slots_are_not_active(
+    state: &ClusterState,
+    desired: &DesiredState,
+) -> Verdict {
+    for (id, node) in &state.nodes {
+        if node.intent == Intent::Active && node.record.stage != NodeStage::Destroyed {
+            ensure(desired.contains(id), GuaranteeId::ScaleDownOrder, || {
+                format!(
+                    "{} is still active although its slot is no longer desired",
+                    label(id, node)
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// G19 (state form): a converged cluster has nothing to requeue.
+pub(crate) fn g19_converged_has_no_requeue(
+    converged: bool,
+    requeue_at: Option<Timestamp>,
+) -> Verdict {
+    ensure(
+        !converged || requeue_at.is_none(),
+        GuaranteeId::Quiescence,
+        || format!("the cluster is converged but requeues at {requeue_at:?}"),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Fold checks: `before` and `after` are one node around one fold.
+// ---------------------------------------------------------------------------
+
+/// G07: live facts disappear only when absence is confirmed.
+pub(crate) fn g07_facts_leave_only_on_confirmed_absence(
+    id: &LogicalNodeId,
+    before: &ManagedNode,
+    after: &ManagedNode,
+    cause: &FoldCause<'_>,
+) -> Verdict {
+    if before.record.lease.is_some() && after.record.lease.is_none() {
+        ensure(
+            cause.succeeded_with(|o| matches!(o, EffectOutput::LeaseDestroyed)),
+            GuaranteeId::CleanupKeepsFacts,
+            || {
+                format!(
+                    "{} lost its lease facts on {}",
+                    label(id, before),
+                    cause.describe()
+                )
+            },
+        )?;
+    }
+    if before.record.session_active() && !after.record.session_active() {
+        let confirmed = cause.succeeded_with(|o| matches!(o, EffectOutput::BootstrapCancelled))
+            || matches!(
+                cause,
+                FoldCause::Observation(Observation::Bootstrap {
+                    event: BootstrapEvent::Closed,
+                    ..
+                })
+            );
+        ensure(confirmed, GuaranteeId::CleanupKeepsFacts, || {
+            format!(
+                "{} lost its active session on {}",
+                label(id, before),
+                cause.describe()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// G09 (fold form): stored delays follow the policy, and an observation never
+/// shortens the stored backoff of a node being cleaned up.
+pub(crate) fn g09_delays_follow_the_policy(
+    id: &LogicalNodeId,
+    before: &ManagedNode,
+    after: &ManagedNode,
+    cause: &FoldCause<'_>,
+    policy: &RetryPolicy,
+    now: Timestamp,
+) -> Verdict {
+    let retry = &after.retry;
+    let backoff = now.checked_add(policy.backoff(retry.consecutive_failures, after.attempt));
+    if retry.next_effect_at != before.retry.next_effect_at {
+        if let Some(at) = retry.next_effect_at {
+            let probe = now.checked_add(policy.endpoint_probe_interval);
+            let expected = if cause.is_probe() { probe } else { backoff };
+            ensure(expected == Ok(at), GuaranteeId::BackoffDiscipline, || {
+                format!(
+                    "{} stored next_effect_at {at} after {} failure(s) on {}; the policy gives {expected:?}",
+                    label(id, after),
+                    retry.consecutive_failures,
+                    cause.describe()
+                )
+            })?;
+        }
+    }
+    if retry.restart_at != before.retry.restart_at {
+        if let Some(at) = retry.restart_at {
+            ensure(backoff == Ok(at), GuaranteeId::BackoffDiscipline, || {
+                format!(
+                    "{} stored restart_at {at} after {} failure(s); the policy gives {backoff:?}",
+                    label(id, after),
+                    retry.consecutive_failures
+                )
+            })?;
+        }
+    }
+    if let (FoldCause::Observation(_), Intent::Deleting, Some(stored)) = (
+        cause,
+        before.intent,
+        before.retry.next_effect_at.filter(|t| *t > now),
+    ) {
+        ensure(
+            retry.next_effect_at == Some(stored),
+            GuaranteeId::BackoffDiscipline,
+            || {
+                format!(
+                    "{} is being cleaned up and waits until {stored}, but {} changed the stored backoff to {:?}",
+                    label(id, after),
+                    cause.describe(),
+                    retry.next_effect_at
+                )
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// G11: an endpoint that is not ready yet is a probe, not a failure.
+pub(crate) fn g11_probe_is_not_failure(
+    id: &LogicalNodeId,
+    before: &ManagedNode,
+    after: &ManagedNode,
+    cause: &FoldCause<'_>,
+) -> Verdict {
+    if !cause.is_probe() {
+        return Ok(());
+    }
+    ensure(
+        after.retry.consecutive_failures == before.retry.consecutive_failures,
+        GuaranteeId::ProbeIsNotFailure,
+        || {
+            format!(
+                "{} counted endpoint-not-ready as a failure ({} -> {})",
+                label(id, after),
+                before.retry.consecutive_failures,
+                after.retry.consecutive_failures
+            )
+        },
+    )
+}
+
+/// G12 (fold form): a remembered ambiguous operation is forgotten only when
+/// an operation of its kind answers.
+pub(crate) fn g12_ambiguity_forgotten_only_by_an_answer(
+    id: &LogicalNodeId,
+    before: &ManagedNode,
+    after: &ManagedNode,
+    cause: &FoldCause<'_>,
+) -> Verdict {
+    let Some(ambiguous) = &before.retry.ambiguous else {
+        return Ok(());
+    };
+    if after.retry.ambiguous.is_some() {
+        return Ok(());
+    }
+    ensure(
+        matches!(cause, FoldCause::Result(r) if r.kind == ambiguous.kind),
+        GuaranteeId::AdoptBeforeDestroy,
+        || {
+            format!(
+                "{} forgot the ambiguous {} {} on {}",
+                label(id, after),
+                ambiguous.kind,
+                ambiguous.op,
+                cause.describe()
+            )
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Pass checks: `pre` and `post` are the state around one drive.
+// ---------------------------------------------------------------------------
+
+/// An operation recorded pending during a drive.
+#[derive(Clone, Debug)]
+pub(crate) struct NewDispatch {
+    pub(crate) node: LogicalNodeId,
+    pub(crate) pending: PendingOperation,
+}
+
+/// Lists the operations recorded pending during a drive.
+pub(crate) fn new_dispatches(pre: &ClusterState, post: &ClusterState) -> Vec<NewDispatch> {
+    post.nodes
+        .iter()
+        .filter_map(|(id, node)| {
+            let pending = node.pending.as_ref()?;
+            let before = pre.nodes.get(id).and_then(ManagedNode::pending_op);
+            (before != Some(pending.id)).then(|| NewDispatch {
+                node: id.clone(),
+                pending: pending.clone(),
+            })
+        })
+        .collect()
+}
+
+/// G01 (pass form): attempts that appeared are fresh — above every attempt
+/// seen before, below the allocator — and each appears at one slot.
+pub(crate) fn g01_new_attempts_are_fresh(
+    pre: &ClusterState,
+    post: &ClusterState,
+    highest_seen: &mut Option<NodeAttemptId>,
+) -> Verdict {
+    let before = *highest_seen;
+    for (id, node) in &post.nodes {
+        let known = pre.nodes.get(id).is_some_and(|n| n.attempt == node.attempt);
+        if known {
+            continue;
+        }
+        ensure(
+            before.is_none_or(|h| node.attempt > h),
+            GuaranteeId::Identity,
+            || {
+                format!(
+                    "{} got attempt {}, not above the highest seen before ({before:?})",
+                    id, node.attempt
+                )
+            },
+        )?;
+        *highest_seen = Some(highest_seen.map_or(node.attempt, |h| h.max(node.attempt)));
+    }
+    Ok(())
+}
+
+/// G25 (dispatch form): the stored deadline is the dispatch time plus the
+/// policy's operation timeout.
+pub(crate) fn g25_deadline_is_stored_at_dispatch(
+    dispatch: &NewDispatch,
+    policy: &RetryPolicy,
+    now: Timestamp,
+) -> Verdict {
+    let pending = &dispatch.pending;
+    let expected = now.checked_add(policy.operation_timeout);
+    ensure(
+        pending.dispatched_at == now && Ok(pending.deadline) == expected,
+        GuaranteeId::DeadlineBoundary,
+        || {
+            format!(
+                "{} {} was dispatched at {now} with deadline {} (recorded at {}); expected {expected:?}",
+                dispatch.node, pending.id, pending.deadline, pending.dispatched_at
+            )
+        },
+    )
+}
+
+/// G09 (dispatch form): no effect before the stored `next_effect_at`, unless
+/// the same drive began deleting the node (which clears it by design).
+pub(crate) fn g09_no_effect_before_backoff(
+    dispatch: &NewDispatch,
+    pre: &ClusterState,
+    post: &ClusterState,
+    now: Timestamp,
+) -> Verdict {
+    let Some(before) = pre.nodes.get(&dispatch.node) else {
+        return Ok(());
+    };
+    let Some(after) = post.nodes.get(&dispatch.node) else {
+        return Ok(());
+    };
+    if before.attempt != after.attempt {
+        return Ok(());
+    }
+    let began_delete = before.intent == Intent::Active
+        && after.intent == Intent::Deleting
+        && before.retry.ambiguous.is_none();
+    let stored = before.retry.next_effect_at;
+    ensure(
+        began_delete || stored.is_none_or(|t| now.reached(t)),
+        GuaranteeId::BackoffDiscipline,
+        || {
+            format!(
+                "{} dispatched {} {} at {now}, before its stored next_effect_at {stored:?}",
+                dispatch.node, dispatch.pending.kind, dispatch.pending.id
+            )
+        },
+    )
+}
+
+/// G12 (dispatch form): while an ambiguous create/start is remembered, no
+/// destructive step is dispatched.
+pub(crate) fn g12_no_destructive_step_while_ambiguous(
+    dispatch: &NewDispatch,
+    pre: &ClusterState,
+) -> Verdict {
+    let Some(before) = pre.nodes.get(&dispatch.node) else {
+        return Ok(());
+    };
+    let Some(ambiguous) = &before.retry.ambiguous else {
+        return Ok(());
+    };
+    ensure(
+        before.attempt != dispatch.pending.id.attempt() || !dispatch.pending.kind.is_cleanup(),
+        GuaranteeId::AdoptBeforeDestroy,
+        || {
+            format!(
+                "{} dispatched {} while the ambiguous {} {} was not re-issued",
+                dispatch.node, dispatch.pending.kind, ambiguous.kind, ambiguous.op
+            )
+        },
+    )
+}
+
+/// What happened to one slot during a drive.
+pub(crate) struct SlotChange<'a> {
+    pub(crate) id: &'a LogicalNodeId,
+    pub(crate) before: Option<&'a ManagedNode>,
+    pub(crate) after: Option<&'a ManagedNode>,
+}
+
+/// Every slot present before or after a drive.
+pub(crate) fn slot_changes<'a>(
+    pre: &'a ClusterState,
+    post: &'a ClusterState,
+) -> Vec<SlotChange<'a>> {
+    let ids: BTreeSet<&LogicalNodeId> = pre.nodes.keys().chain(post.nodes.keys()).collect();
+    ids.into_iter()
+        .map(|id| SlotChange {
+            id,
+            before: pre.nodes.get(id),
+            after: post.nodes.get(id),
+        })
+        .collect()
+}
+
+fn holds_something(node: &ManagedNode) -> bool {
+    node.record.lease.is_some() || node.record.session_active() || node.pending.is_some()
+}
+
+/// G06/G07/G09/G12 (replacement form): an attempt leaves the map (reap) or is
+/// replaced (restart) only when it holds nothing, no ambiguity is remembered,
+/// and — for a restart — its restart time has come.
+pub(crate) fn g07_attempts_end_only_when_empty(
+    change: &SlotChange<'_>,
+    desired: &DesiredState,
+    now: Timestamp,
+) -> Verdict {
+    let Some(before) = change.before else {
+        return Ok(());
+    };
+    let ended = change
+        .after
+        .is_none_or(|after| after.attempt != before.attempt);
+    if !ended {
+        return Ok(());
+    }
+    ensure(
+        !holds_something(before),
+        GuaranteeId::CleanupKeepsFacts,
+        || {
+            format!(
+                "{} was dropped while it held lease={} session_active={} pending={:?}",
+                label(change.id, before),
+                before.record.lease.is_some(),
+                before.record.session_active(),
+                before.pending_op()
+            )
+        },
+    )?;
+    ensure(
+        before.retry.ambiguous.is_none(),
+        GuaranteeId::AdoptBeforeDestroy,
+        || {
+            format!(
+                "{} was dropped with an ambiguous operation remembered",
+                label(change.id, before)
+            )
+        },
+    )?;
+    match change.after {
+        None => ensure(
+            !desired.contains(change.id),
+            GuaranteeId::ScaleDownOrder,
+            || {
+                format!(
+                    "{} was reaped although its slot is desired",
+                    label(change.id, before)
+                )
+            },
+        ),
+        Some(_) => {
+            // The restart time is set when the attempt fails; an attempt
+            // replaced for drift or scale-down has none.
+            let restart_at = before.retry.restart_at;
+            ensure(
+                restart_at.is_none_or(|t| now.reached(t)),
+                GuaranteeId::BackoffDiscipline,
+                || {
+                    format!(
+                        "{} was restarted at {now}, before its restart_at {restart_at:?}",
+                        label(change.id, before)
+                    )
+                },
+            )
+        }
+    }
+}
+
+/// G12 (mark form): a node is never marked destroyed while an ambiguous
+/// operation is remembered.
+pub(crate) fn g12_not_destroyed_while_ambiguous(change: &SlotChange<'_>) -> Verdict {
+    let (Some(before), Some(after)) = (change.before, change.after) else {
+        return Ok(());
+    };
+    if before.attempt != after.attempt || after.record.stage != NodeStage::Destroyed {
+        return Ok(());
+    }
+    // Only a fold can settle an ambiguity, and no fold happens inside a
+    // pass: what was remembered before the pass must still block it.
+    ensure(
+        before.record.stage == NodeStage::Destroyed || before.retry.ambiguous.is_none(),
+        GuaranteeId::AdoptBeforeDestroy,
+        || {
+            format!(
+                "{} was marked destroyed with an ambiguous operation remembered",
+                label(change.id, after)
+            )
+        },
+    )
+}
+
+/// G12/G09 (pass form): a pass keeps the retry bookkeeping it only reads. It
+/// never forgets a remembered ambiguity (only an answer does), and it moves
+/// a stored `next_effect_at` only where the ladder says so: `BeginDelete`
+/// clears it when no ambiguity is remembered, `MarkDestroyed` clears it.
+pub(crate) fn g12_passes_keep_retry_bookkeeping(change: &SlotChange<'_>) -> Verdict {
+    let (Some(before), Some(after)) = (change.before, change.after) else {
+        return Ok(());
+    };
+    if before.attempt != after.attempt {
+        return Ok(());
+    }
+    ensure(
+        after.retry.ambiguous == before.retry.ambiguous,
+        GuaranteeId::AdoptBeforeDestroy,
+        || {
+            format!(
+                "a pass changed the remembered ambiguous operation of {} from {:?} to {:?}",
+                label(change.id, after),
+                before.retry.ambiguous,
+                after.retry.ambiguous
+            )
+        },
+    )?;
+    let began_delete = before.intent == Intent::Active
+        && after.intent == Intent::Deleting
+        && before.retry.ambiguous.is_none();
+    let marked_destroyed =
+        before.record.stage != NodeStage::Destroyed && after.record.stage == NodeStage::Destroyed;
+    let cleared_by_ladder =
+        after.retry.next_effect_at.is_none() && (began_delete || marked_destroyed);
+    ensure(
+        after.retry.next_effect_at == before.retry.next_effect_at || cleared_by_ladder,
+        GuaranteeId::BackoffDiscipline,
+        || {
+            format!(
+                "a pass moved the stored next_effect_at of {} from {:?} to {:?}",
+                label(change.id, after),
+                before.retry.next_effect_at,
+                after.retry.next_effect_at
+            )
+        },
+    )?;
+    ensure(
+        after.retry.restart_at == before.retry.restart_at,
+        GuaranteeId::BackoffDiscipline,
+        || {
+            format!(
+                "a pass moved the stored restart_at of {} from {:?} to {:?}",
+                label(change.id, after),
+                before.retry.restart_at,
+                after.retry.restart_at
+            )
+        },
+    )
+}
+
+/// G10: a failed active attempt starts cleanup in the same drive: it is
+/// deleting and has a cleanup step in flight, is already destroyed, or waits
+/// only to re-issue an ambiguous operation.
+pub(crate) fn g10_failed_attempt_starts_cleanup(
+    change: &SlotChange<'_>,
+    now: Timestamp,
+) -> Verdict {
+    let (Some(before), Some(after)) = (change.before, change.after) else {
+        return Ok(());
+    };
+    if before.intent != Intent::Active
+        || before.record.stage != NodeStage::Failed
+        || before.attempt != after.attempt
+    {
+        return Ok(());
+    }
+    let waiting_to_adopt =
+        after.retry.ambiguous.is_some() && after.retry.next_effect_at.is_some_and(|t| t > now);
+    ensure(
+        after.intent == Intent::Deleting
+            && (after.pending.is_some()
+                || after.record.stage == NodeStage::Destroyed
+                || waiting_to_adopt),
+        GuaranteeId::AttemptFailure,
+        || {
+            format!(
+                "failed {} did not start cleanup in the next pass (intent {:?}, pending {:?}, next_effect_at {:?})",
+                label(change.id, after),
+                after.intent,
+                after.pending_op(),
+                after.retry.next_effect_at
+            )
+        },
+    )
+}
+
+/// G17 (pass form): a node begins deletion only because its slot is
+/// undesired, its spec drifted, or it failed — never a desired, current one.
+pub(crate) fn g17_only_undesired_drifted_or_failed_nodes_are_deleted(
+    change: &SlotChange<'_>,
+    desired: &DesiredState,
+) -> Verdict {
+    let (Some(before), Some(after)) = (change.before, change.after) else {
+        return Ok(());
+    };
+    if before.attempt != after.attempt
+        || before.intent != Intent::Active
+        || after.intent != Intent::Deleting
+    {
+        return Ok(());
+    }
+    let undesired = !desired.contains(change.id);
+    let drifted = desired
+        .spec(change.id)
+        .is_some_and(|spec| spec != before.spec);
+    let failed = before.record.stage == NodeStage::Failed;
+    ensure(
+        undesired || drifted || failed,
+        GuaranteeId::ScaleDownOrder,
+        || {
+            format!(
+                "{} began deletion although its slot is desired, its spec current and it did not fail",
+                label(change.id, before)
+            )
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Call checks.
+// ---------------------------------------------------------------------------
+
+/// G04: a backend call started only for an operation the driver recorded
+/// pending. A strict substrate requires the operation to be pending at the
+/// start (or already timed out by the host); a relaxed one, that it was
+/// recorded pending at some point.
+pub(crate) fn g04_call_was_recorded(
+    call: &CallRecord,
+    state: &ClusterState,
+    timed_out: &BTreeSet<provisioning::OperationId>,
+    ever_pending: &BTreeSet<provisioning::OperationId>,
+    strict: bool,
+) -> Verdict {
+    let pending_now = state
+        .nodes
+        .get(&call.node)
+        .and_then(ManagedNode::pending_op)
+        == Some(call.op);
+    let recorded = if strict {
+        pending_now || timed_out.contains(&call.op)
+    } else {
+        ever_pending.contains(&call.op)
+    };
+    ensure(recorded, GuaranteeId::RecordBeforeDispatch, || {
+        format!(
+            "the backend started {} {} for {}, which the driver had not recorded pending",
+            call.kind, call.op, call.node
+        )
+    })
+}
+
+/// G05: no two calls of one attempt in flight at the backend at once.
+pub(crate) fn g05_one_call_per_attempt(call: &CallRecord) -> Verdict {
+    ensure(call.overlapping == 0, GuaranteeId::SingleFlight, || {
+        format!(
+            "the backend started {} {} for {} while {} other call(s) of its attempt were running",
+            call.kind, call.op, call.node, call.overlapping
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------
+// End-of-tail checks.
+// ---------------------------------------------------------------------------
+
+/// G23: at convergence the live resources are exactly one lease per desired
+/// node's current attempt, and no session of any other attempt is live.
+pub(crate) fn g23_converged_leaks_nothing(state: &ClusterState, live: &LiveResources) -> Verdict {
+    let expected: BTreeSet<ResourceKey> = state
+        .nodes
+        .iter()
+        .map(|(id, node)| (id.clone(), node.attempt))
+        .collect();
+    let leased: BTreeSet<ResourceKey> = live
+        .leases
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(key, _)| key.clone())
+        .collect();
+    let leaked: Vec<String> = leased
+        .difference(&expected)
+        .map(|(node, attempt)| format!("{node}/{attempt}"))
+        .collect();
+    let missing: Vec<String> = expected
+        .difference(&leased)
+        .map(|(node, attempt)| format!("{node}/{attempt}"))
+        .collect();
+    ensure(
+        leaked.is_empty() && missing.is_empty(),
+        GuaranteeId::ConvergedLeaksNothing,
+        || {
+            format!(
+                "converged, but leases leaked: [{}], missing: [{}] (live: {live})",
+                leaked.join(", "),
+                missing.join(", ")
+            )
+        },
+    )?;
+    let stale_sessions: Vec<String> = live
+        .sessions
+        .iter()
+        .filter(|(key, n)| **n > 0 && !expected.contains(*key))
+        .map(|((node, attempt), _)| format!("{node}/{attempt}"))
+        .collect();
+    ensure(
+        stale_sessions.is_empty(),
+        GuaranteeId::ConvergedLeaksNothing,
+        || {
+            format!(
+                "converged, but sessions of other attempts are live: [{}]",
+                stale_sessions.join(", ")
+            )
+        },
+    )
+}
+
+/// A description of what keeps a cluster from convergence, for G21 reports.
+pub(crate) fn describe_pending(state: &ClusterState, desired: &DesiredState) -> String {
+    let mut lines = Vec::new();
+    for spec in desired.specs() {
+        match state.nodes.get(spec.id()) {
+            None => lines.push(format!("{}: no node", spec.id())),
+            Some(node) if node.is_ready() && node.spec == spec && node.pending.is_none() => {}
+            Some(node) => lines.push(describe_node(spec.id(), node)),
+        }
+    }
+    for (id, node) in &state.nodes {
+        if !desired.contains(id) {
+            lines.push(format!("{} (undesired)", describe_node(id, node)));
+        }
+    }
+    lines.join("; ")
+}
+
+pub(crate) fn describe_node(id: &LogicalNodeId, node: &ManagedNode) -> String {
+    let mut text = format!("{} {}", label(id, node), node.record.stage.name());
+    if node.intent == Intent::Deleting {
+        text.push_str(" deleting");
+    }
+    if node.record.ready {
+        text.push_str(" ready");
+    }
+    if let Some(pending) = &node.pending {
+        text.push_str(&format!(
+            " pending {} {} until {}",
+            pending.kind, pending.id, pending.deadline
+        ));
+    }
+    if let Some(bootstrap) = &node.record.bootstrap {
+        if bootstrap.state == SessionState::Active {
+            text.push_str(" session-active");
+        }
+    }
+    if let Some(at) = node.retry.next_effect_at {
+        text.push_str(&format!(" next-effect-at {at}"));
+    }
+    if let Some(at) = node.retry.restart_at {
+        text.push_str(&format!(" restart-at {at}"));
+    }
+    if let Some(ambiguous) = &node.retry.ambiguous {
+        text.push_str(&format!(" ambiguous {} {}", ambiguous.kind, ambiguous.op));
+    }
+    text
+}

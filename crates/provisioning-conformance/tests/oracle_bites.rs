@@ -1,0 +1,511 @@
+//! Proof that the oracle bites: deliberately broken backends and driver
+//! wrappers are each caught with the guarantee they break, and the failure
+//! is shrunk to a short trace. A kit whose oracle let these pass would prove
+//! nothing about a correct implementation.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink, SubmitError};
+use provisioning::effect::{LeaseHandle, Operation, SessionHandle};
+use provisioning::id::OperationSequence;
+use provisioning::observe::LossCause;
+use provisioning::shape::DesiredState;
+use provisioning::spawn::Spawner;
+use provisioning::{
+    ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult, LogicalNodeId,
+    NodeAttemptId, Observation, OperationId, RetryPolicy, Timestamp,
+};
+use provisioning_conformance::substrate::{ResourceKey, SubstrateCounters};
+use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
+use provisioning_conformance::{
+    Battery, CallRecord, Capabilities, Defect, DriverSetup, DriverUnderTest, Failure, FakeBackend,
+    FakeSubstrate, GuaranteeId, LiveResources, Mode, Substrate, Trace, cluster_driver,
+};
+
+/// The longest shrunk trace these tests accept as "short".
+const SHORT_TRACE: usize = 12;
+
+/// How many seeds a broken variant may take to be caught.
+const SEEDS_TO_CATCH: usize = 64;
+
+fn first_failure<S: Substrate>(battery: Battery<S>) -> Failure {
+    let report = battery
+        .max_failures(1)
+        .require_vacuity(false)
+        .narrate_failures(false)
+        .run();
+    match report.failures.into_iter().next() {
+        Some(failure) => failure,
+        None => panic!(
+            "the broken variant was not caught in {} traces",
+            report.traces
+        ),
+    }
+}
+
+fn check_caught(failure: &Failure, expected: &[GuaranteeId]) {
+    eprintln!(
+        "caught as {} ({} mode), shrunk from {} to {} inputs",
+        failure.guarantee(),
+        failure.mode.name(),
+        failure.original_inputs,
+        failure.shrunk.inputs.len()
+    );
+    assert!(
+        expected.contains(&failure.guarantee()),
+        "caught as {} instead of {expected:?}:\n{failure}",
+        failure.guarantee()
+    );
+    assert_eq!(failure.original.guarantee, failure.guarantee());
+    assert!(
+        failure.shrunk.inputs.len() <= SHORT_TRACE,
+        "not shrunk to a short trace ({} inputs):\n{failure}",
+        failure.shrunk.inputs.len()
+    );
+    assert!(
+        failure.reproduce.contains("PROVISIONING_TRACE='"),
+        "{}",
+        failure.reproduce
+    );
+    // The shrunk trace, parsed back from the reproduction line, still fails.
+    let line = failure.reproduce.split('\'').nth(1).unwrap_or_default();
+    assert_eq!(line.parse::<Trace>().as_ref(), Ok(&failure.shrunk));
+}
+
+#[test]
+fn a_backend_that_creates_anew_instead_of_adopting_is_caught_as_g08() {
+    let battery = Battery::new("creates anew", || {
+        FakeSubstrate::with_defects([Defect::CreateIgnoresExisting])
+    })
+    .seed_count(SEEDS_TO_CATCH);
+    check_caught(&first_failure(battery), &[GuaranteeId::NoDoubleCreate]);
+}
+
+#[test]
+fn a_backend_that_keeps_a_destroyed_resource_is_caught_as_g23_when_its_slot_is_scaled_away() {
+    let scale_away: Trace = "run fifo; run fifo; run fifo; stream @0 joined; stream @1 joined; \
+                             run fifo; desire scale a 1; run fifo; run fifo; tick 1000ms"
+        .parse()
+        .unwrap();
+    let battery = Battery::new("destroy keeps the resource", || {
+        FakeSubstrate::with_defects([Defect::DestroyKeepsResource])
+    })
+    .seeds([])
+    .modes([Mode::Fair])
+    .traces([scale_away]);
+    check_caught(
+        &first_failure(battery),
+        &[GuaranteeId::ConvergedLeaksNothing],
+    );
+}
+
+#[test]
+fn a_backend_that_keeps_a_destroyed_resource_is_caught_from_random_seeds() {
+    // From random traces the kept resource is usually noticed earlier, when
+    // its slot gets a new attempt next to it (G08); otherwise at convergence.
+    let battery = Battery::new("destroy keeps the resource", || {
+        FakeSubstrate::with_defects([Defect::DestroyKeepsResource])
+    })
+    .seed_count(SEEDS_TO_CATCH);
+    check_caught(
+        &first_failure(battery),
+        &[
+            GuaranteeId::NoDoubleCreate,
+            GuaranteeId::ConvergedLeaksNothing,
+        ],
+    );
+}
+
+/// Ways to break the real driver from the outside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flaw {
+    /// Every submitted operation is followed by an unrecorded copy.
+    DispatchesUnrecorded,
+    /// Results of a superseded attempt are folded into the current one.
+    FoldsSupersededResults,
+    /// Stored backoff and restart times are wiped before every pass.
+    IgnoresBackoff,
+    /// Timeouts are accepted (and listed due) one millisecond early.
+    TimesOutEarly,
+    /// Remembered ambiguous operations are forgotten before every pass.
+    ForgetsAmbiguity,
+    /// A lower generation is taken as a no-op instead of an error.
+    AcceptsRegressions,
+    /// Always reports a requeue time, even when converged.
+    AlwaysRequeues,
+    /// Endpoint lookups are recorded pending but never reach the executor.
+    SwallowsLookups,
+}
+
+struct Broken {
+    inner: ClusterDriver,
+    flaw: Flaw,
+}
+
+fn broken(flaw: Flaw) -> impl Fn(&DriverSetup) -> Result<Box<dyn DriverUnderTest>, DriverError> {
+    move |setup| {
+        let real = cluster_driver(setup)?;
+        let desired = real.desired().clone();
+        let state = real.state().clone();
+        let inner = ClusterDriver::with_state(desired, state, setup.policy);
+        Ok(Box::new(Broken { inner, flaw }))
+    }
+}
+
+/// Accepts endpoint lookups without passing them on.
+struct Swallowing<'a> {
+    sink: &'a mut dyn OperationSink,
+}
+
+impl OperationSink for Swallowing<'_> {
+    fn submit(&mut self, operation: Operation) -> Result<(), SubmitError> {
+        if operation.kind() == provisioning::EffectKind::LookupEndpoint {
+            return Ok(());
+        }
+        self.sink.submit(operation)
+    }
+
+    fn attempt_retired(&mut self, attempt: NodeAttemptId) {
+        self.sink.attempt_retired(attempt);
+    }
+}
+
+/// Rebuilds `inner` from its own state after `edit`, as if the state had
+/// been stored and reloaded by a faulty persistence layer.
+fn rebuild(inner: &mut ClusterDriver, edit: impl Fn(&mut ClusterState) -> bool) {
+    let mut state = inner.state().clone();
+    if edit(&mut state) {
+        let desired = inner.desired().clone();
+        let policy = *inner.policy();
+        *inner = ClusterDriver::with_state(desired, state, policy);
+    }
+}
+
+/// Forwards every operation and then submits an unrecorded copy of it.
+struct Duplicating<'a> {
+    sink: &'a mut dyn OperationSink,
+}
+
+impl OperationSink for Duplicating<'_> {
+    fn submit(&mut self, operation: Operation) -> Result<(), SubmitError> {
+        let mut copy = operation.clone();
+        let sequence = operation.id.sequence().get().saturating_add(1_000);
+        copy.id = OperationId::new(operation.attempt(), OperationSequence::from_raw(sequence));
+        self.sink.submit(operation)?;
+        let _ = self.sink.submit(copy);
+        Ok(())
+    }
+
+    fn attempt_retired(&mut self, attempt: NodeAttemptId) {
+        self.sink.attempt_retired(attempt);
+    }
+}
+
+impl DriverUnderTest for Broken {
+    fn update_desired(&mut self, shape: ClusterShape) -> Result<DesiredUpdate, DriverError> {
+        if self.flaw == Flaw::AcceptsRegressions
+            && shape.generation < self.inner.desired().generation()
+        {
+            return Ok(DesiredUpdate::Unchanged);
+        }
+        self.inner.update_desired(shape)
+    }
+
+    fn trigger(&mut self) {
+        self.inner.trigger();
+    }
+
+    fn drive_until_blocked(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+    ) -> Result<DriveReport, DriverError> {
+        match self.flaw {
+            Flaw::DispatchesUnrecorded => self
+                .inner
+                .drive_until_blocked(now, &mut Duplicating { sink }),
+            Flaw::IgnoresBackoff => {
+                rebuild(&mut self.inner, |state| {
+                    let mut waited = false;
+                    for node in state.nodes.values_mut() {
+                        waited |= node.retry.next_effect_at.is_some_and(|t| t > now)
+                            || node.retry.restart_at.is_some_and(|t| t > now);
+                        node.retry.next_effect_at = None;
+                        node.retry.restart_at = None;
+                    }
+                    waited
+                });
+                self.inner.drive_until_blocked(now, sink)
+            }
+            Flaw::ForgetsAmbiguity => {
+                rebuild(&mut self.inner, |state| {
+                    let mut forgot = false;
+                    for node in state.nodes.values_mut() {
+                        forgot |= node.retry.ambiguous.take().is_some();
+                    }
+                    forgot
+                });
+                self.inner.drive_until_blocked(now, sink)
+            }
+            Flaw::SwallowsLookups => self
+                .inner
+                .drive_until_blocked(now, &mut Swallowing { sink }),
+            _ => self.inner.drive_until_blocked(now, sink),
+        }
+    }
+
+    fn apply_executor_result(
+        &mut self,
+        result: &ExecutorResult,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        if self.flaw == Flaw::FoldsSupersededResults {
+            let current = self.inner.state().nodes.get(&result.node).and_then(|node| {
+                (node.attempt != result.op.attempt())
+                    .then_some(node.pending.as_ref())
+                    .flatten()
+            });
+            if let Some(pending) = current {
+                let mut rewritten = result.clone();
+                rewritten.op = pending.id;
+                rewritten.kind = pending.kind;
+                return self.inner.apply_executor_result(&rewritten, now);
+            }
+        }
+        self.inner.apply_executor_result(result, now)
+    }
+
+    fn operation_timed_out(
+        &mut self,
+        node: &LogicalNodeId,
+        op: OperationId,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        let now = match self.flaw {
+            Flaw::TimesOutEarly => now.saturating_add(std::time::Duration::from_millis(1)),
+            _ => now,
+        };
+        self.inner.operation_timed_out(node, op, now)
+    }
+
+    fn apply_observation(
+        &mut self,
+        observation: &Observation,
+        now: Timestamp,
+    ) -> Result<(), DriverError> {
+        self.inner.apply_observation(observation, now)
+    }
+
+    fn state(&self) -> &ClusterState {
+        self.inner.state()
+    }
+
+    fn desired(&self) -> &DesiredState {
+        self.inner.desired()
+    }
+
+    fn policy(&self) -> &RetryPolicy {
+        self.inner.policy()
+    }
+
+    fn requeue_at(&self) -> Option<Timestamp> {
+        match self.flaw {
+            Flaw::AlwaysRequeues => self.inner.requeue_at().or(Some(Timestamp::MAX)),
+            _ => self.inner.requeue_at(),
+        }
+    }
+
+    fn pending_operations_due(&self, now: Timestamp) -> Vec<DueOperation> {
+        let now = match self.flaw {
+            Flaw::TimesOutEarly => now.saturating_add(std::time::Duration::from_millis(1)),
+            _ => now,
+        };
+        self.inner.pending_operations_due(now)
+    }
+
+    fn is_converged(&self) -> bool {
+        self.inner.is_converged()
+    }
+
+    fn is_queued(&self) -> bool {
+        self.inner.is_queued()
+    }
+}
+
+fn broken_battery(flaw: Flaw) -> Battery<FakeSubstrate> {
+    Battery::new(format!("{flaw:?}"), FakeSubstrate::new)
+        .seed_count(SEEDS_TO_CATCH)
+        .driver(broken(flaw))
+}
+
+#[test]
+fn a_driver_that_dispatches_without_recording_pending_is_caught_as_g04() {
+    let failure = first_failure(broken_battery(Flaw::DispatchesUnrecorded));
+    check_caught(&failure, &[GuaranteeId::RecordBeforeDispatch]);
+}
+
+#[test]
+fn a_driver_that_folds_results_of_a_superseded_attempt_is_caught_as_g02_or_g03() {
+    let failure = first_failure(broken_battery(Flaw::FoldsSupersededResults));
+    check_caught(
+        &failure,
+        &[GuaranteeId::Correlation, GuaranteeId::AttemptFactOwnership],
+    );
+}
+
+#[test]
+fn a_driver_that_ignores_backoff_is_caught_as_g09() {
+    let failure = first_failure(broken_battery(Flaw::IgnoresBackoff));
+    check_caught(&failure, &[GuaranteeId::BackoffDiscipline]);
+}
+
+#[test]
+fn a_driver_that_times_out_a_tick_early_is_caught_as_g25() {
+    let failure = first_failure(broken_battery(Flaw::TimesOutEarly));
+    check_caught(&failure, &[GuaranteeId::DeadlineBoundary]);
+}
+
+#[test]
+fn a_driver_that_forgets_ambiguous_operations_is_caught_as_g12() {
+    let failure = first_failure(broken_battery(Flaw::ForgetsAmbiguity));
+    check_caught(&failure, &[GuaranteeId::AdoptBeforeDestroy]);
+}
+
+#[test]
+fn a_driver_that_accepts_a_generation_regression_is_caught_as_g16() {
+    let failure = first_failure(broken_battery(Flaw::AcceptsRegressions));
+    check_caught(&failure, &[GuaranteeId::MonotonicGeneration]);
+}
+
+#[test]
+fn a_driver_that_requeues_when_converged_is_caught_as_g19() {
+    let failure = first_failure(broken_battery(Flaw::AlwaysRequeues));
+    check_caught(&failure, &[GuaranteeId::Quiescence]);
+}
+
+#[test]
+fn a_driver_that_never_delivers_endpoint_lookups_is_caught_as_g21_in_the_fair_tail() {
+    let failure = first_failure(broken_battery(Flaw::SwallowsLookups));
+    check_caught(&failure, &[GuaranteeId::FairConvergence]);
+    assert_eq!(failure.mode, Mode::Fair);
+}
+
+/// Counts runs across the whole test binary, so that two runs of one trace
+/// see different values.
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// A substrate that claims to be deterministic but runs queued work oldest-
+/// or newest-first depending on how many runs came before it.
+struct Flaky {
+    inner: FakeSubstrate,
+    order: WorkStep,
+}
+
+impl Flaky {
+    fn new() -> Self {
+        let run = RUNS.fetch_add(1, Ordering::Relaxed);
+        Flaky {
+            inner: FakeSubstrate::new(),
+            order: if run % 2 == 0 {
+                WorkStep::Fifo
+            } else {
+                WorkStep::Lifo
+            },
+        }
+    }
+}
+
+impl Substrate for Flaky {
+    type Backend = FakeBackend;
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn backend(&self) -> Arc<FakeBackend> {
+        self.inner.backend()
+    }
+
+    fn spawner(&self) -> Arc<dyn Spawner> {
+        self.inner.spawner()
+    }
+
+    fn script(&mut self, target: FaultTarget, fault: Fault) -> bool {
+        self.inner.script(target, fault)
+    }
+
+    fn stop_faults(&mut self) {
+        self.inner.stop_faults();
+    }
+
+    fn run_work(&mut self, step: WorkStep) -> usize {
+        let step = match step {
+            WorkStep::One(_) => step,
+            _ => self.order,
+        };
+        self.inner.run_work(step)
+    }
+
+    fn has_runnable_work(&self) -> bool {
+        self.inner.has_runnable_work()
+    }
+
+    fn release_oldest_hang(&mut self) -> bool {
+        self.inner.release_oldest_hang()
+    }
+
+    fn release_all_hangs(&mut self) -> usize {
+        self.inner.release_all_hangs()
+    }
+
+    fn stream(&mut self, session: u32, event: StreamEvent) -> Option<ResourceKey> {
+        self.inner.stream(session, event)
+    }
+
+    fn lose(&mut self, node: &LogicalNodeId, attempt: NodeAttemptId, cause: LossCause) -> bool {
+        self.inner.lose(node, attempt, cause)
+    }
+
+    fn fair_progress(&mut self) -> usize {
+        self.inner.fair_progress()
+    }
+
+    fn take_observations(&mut self) -> Vec<Observation> {
+        self.inner.take_observations()
+    }
+
+    fn take_calls(&mut self) -> Vec<CallRecord> {
+        self.inner.take_calls()
+    }
+
+    fn take_ledger_alarms(&mut self) -> Vec<String> {
+        self.inner.take_ledger_alarms()
+    }
+
+    fn live_resources(&self) -> LiveResources {
+        self.inner.live_resources()
+    }
+
+    fn lease_owner(&self, lease: &LeaseHandle) -> Option<ResourceKey> {
+        self.inner.lease_owner(lease)
+    }
+
+    fn session_owner(&self, session: &SessionHandle) -> Option<ResourceKey> {
+        self.inner.session_owner(session)
+    }
+
+    fn counters(&self) -> SubstrateCounters {
+        self.inner.counters()
+    }
+
+    fn describe_work(&self) -> String {
+        self.inner.describe_work()
+    }
+}
+
+#[test]
+fn a_substrate_that_is_not_reproducible_is_caught_as_g18() {
+    let battery = Battery::new("flaky order", Flaky::new).seed_count(SEEDS_TO_CATCH);
+    check_caught(&first_failure(battery), &[GuaranteeId::Determinism]);
+}
