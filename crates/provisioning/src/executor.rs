@@ -67,6 +67,9 @@ pub enum Submitted {
 pub struct ExecutorCounters {
     /// Operations whose backend call started.
     pub started: u64,
+    /// Operations that expired before their backend call started; they never
+    /// reach the backend.
+    pub skipped: u64,
     /// Results reported.
     pub completed: u64,
     /// Completed results replayed for a repeated submission.
@@ -472,6 +475,15 @@ async fn run_operation<B: EffectBackend + ?Sized>(
         });
     }
 
+    if expired_before_start(&shared, op.id) {
+        // The driver already gave up on it: running it now would be an effect
+        // nobody has pending. Ending it here also opens its waiters' gates.
+        if let Some(shared) = shared.upgrade() {
+            shared.lock().counters.skipped += 1;
+        }
+        finish(&shared, &op, Err(EffectError::timed_out()));
+        return;
+    }
     let outcome = match backend.upgrade() {
         Some(backend) => {
             if let Some(shared) = shared.upgrade() {
@@ -492,6 +504,18 @@ async fn run_operation<B: EffectBackend + ?Sized>(
         None => Err(EffectError::definite("the executor was dropped")),
     };
     finish(&shared, &op, outcome);
+}
+
+fn expired_before_start(shared: &Weak<Shared>, op: OperationId) -> bool {
+    let Some(shared) = shared.upgrade() else {
+        return false;
+    };
+    let ledger = shared.lock();
+    ledger
+        .attempts
+        .get(&op.attempt())
+        .and_then(|entry| entry.running.as_ref())
+        .is_some_and(|running| running.print.id == op && running.expired)
 }
 
 fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, EffectError>) {

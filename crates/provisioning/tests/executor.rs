@@ -365,3 +365,20 @@ fn the_driver_over_the_executor_converges_whatever_order_work_runs_in() {
         assert_eq!(exec.backend().calls.lock().unwrap().len(), 12);
     }
 }
+
+#[test]
+fn an_operation_that_expired_before_it_started_never_reaches_the_backend() {
+    let (exec, spawner) = setup();
+    exec.submit(create(1, 1)).unwrap();
+    assert!(exec.expire(create(1, 1).id).is_some());
+    spawner.run_all(RunOrder::Fifo);
+    assert!(exec.backend().calls.lock().unwrap().is_empty());
+    assert!(
+        exec.take_results().is_empty(),
+        "its timeout was already reported"
+    );
+    assert_eq!(exec.counters().skipped, 1);
+    assert!(!exec.has_work());
+    // The attempt is free for the next operation.
+    assert_eq!(exec.submit(create(1, 2)), Ok(Submitted::Started));
+}
