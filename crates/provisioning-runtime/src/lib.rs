@@ -1,1 +1,26 @@
-//! Tokio host for `provisioning` (work in progress).
+//! The tokio host of `provisioning`.
+//!
+//! Start with [`Host::start`]: it takes a [`HostConfig`] and the plugins
+//! ([`PluginEntry`]), builds the [`provisioning::ClusterDriver`], an
+//! [`provisioning::IdempotentEffectExecutor`] over a
+//! [`provisioning_provider::PluginBackendAdapter`] and a [`TokioSpawner`],
+//! and spawns the host loop. Everything else goes through a [`HostHandle`]:
+//! apply a shape, read a [`StatusSnapshot`], compute a [`PlanReport`],
+//! follow progress, shut down.
+//!
+//! This crate reads no files and parses no configuration: shapes arrive as
+//! [`provisioning::ClusterShape`] values (the `provision` CLI owns the file
+//! format).
+
+pub mod host;
+pub mod plan;
+pub mod spawner;
+pub mod status;
+
+pub use host::{
+    AppliedRevision, Host, HostConfig, HostError, HostHandle, PluginEntry, ShutdownOutcome,
+    ShutdownReport,
+};
+pub use plan::{ChangeKind, PlanReport, PlannedChange, PlannedStep, plan_against};
+pub use spawner::TokioSpawner;
+pub use status::{GroupStatus, HostPhase, NodeStatus, StatusSnapshot};

@@ -1,0 +1,301 @@
+//! What `provision up` shows while it runs.
+//!
+//! On a terminal: one progress bar per group (ready nodes out of desired,
+//! with the stages of the others) under a header line. Otherwise: plain
+//! lines, one per change of a node's attempt or stage, and one per change of
+//! convergence, so logs and tests can follow along.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::Duration;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use provisioning_runtime::{HostPhase, NodeStatus, StatusSnapshot};
+use tokio::sync::watch;
+
+/// How often the live display redraws its spinner.
+const SPINNER_TICK: Duration = Duration::from_millis(120);
+
+/// Where `up` prints: live bars or plain lines.
+#[derive(Debug)]
+pub(crate) struct Console {
+    live: Option<MultiProgress>,
+}
+
+impl Console {
+    /// A console with live bars when `live`, plain lines otherwise.
+    pub(crate) fn new(live: bool) -> Self {
+        Console {
+            live: live.then(MultiProgress::new),
+        }
+    }
+
+    /// Prints one line above the bars (or plainly). Write errors are
+    /// ignored: a closed stdout must not stop the cluster.
+    pub(crate) fn line(&self, text: impl AsRef<str>) {
+        match &self.live {
+            Some(bars) => {
+                let _ = bars.println(text.as_ref());
+            }
+            None => {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{}", text.as_ref());
+                let _ = out.flush();
+            }
+        }
+    }
+
+    /// Follows snapshots until the host stops.
+    pub(crate) async fn follow(&self, mut progress: watch::Receiver<StatusSnapshot>) {
+        let mut view = match &self.live {
+            Some(bars) => View::Live(LiveView::new(bars.clone())),
+            None => View::Plain(PlainView::default()),
+        };
+        loop {
+            let snapshot = progress.borrow_and_update().clone();
+            match &mut view {
+                View::Live(live) => live.show(&snapshot),
+                View::Plain(plain) => plain.show(self, &snapshot),
+            }
+            if snapshot.phase == HostPhase::Stopped || progress.changed().await.is_err() {
+                break;
+            }
+        }
+        if let View::Live(live) = view {
+            live.finish();
+        }
+    }
+}
+
+enum View {
+    Live(LiveView),
+    Plain(PlainView),
+}
+
+fn header(snapshot: &StatusSnapshot) -> String {
+    let run = &snapshot.run_id;
+    let generation = snapshot.generation;
+    match snapshot.phase {
+        HostPhase::Running => format!(
+            "run {run} · generation {generation} · {} · {}/{} ready",
+            if snapshot.converged {
+                "converged"
+            } else {
+                "converging"
+            },
+            snapshot.ready_count(),
+            snapshot.desired_count()
+        ),
+        HostPhase::ShuttingDown => format!(
+            "run {run} · tearing down · {} node(s) left",
+            snapshot.nodes.len()
+        ),
+        HostPhase::Stopped => format!(
+            "run {run} · stopped · {} node(s) left",
+            snapshot.nodes.len()
+        ),
+    }
+}
+
+/// Counts of the stages of not-ready nodes, as `2 bootstrap-running, 1 new`.
+fn stage_summary<'a>(nodes: impl Iterator<Item = &'a NodeStatus>) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for node in nodes.filter(|n| !n.ready) {
+        let label = if node.deleting {
+            "removing".to_owned()
+        } else {
+            node.stage.clone()
+        };
+        *counts.entry(label).or_default() += 1;
+    }
+    let mut text = String::new();
+    for (stage, count) in counts {
+        if !text.is_empty() {
+            text.push_str(", ");
+        }
+        let _ = write!(text, "{count} {stage}");
+    }
+    text
+}
+
+struct LiveView {
+    bars: MultiProgress,
+    top: ProgressBar,
+    groups: BTreeMap<String, ProgressBar>,
+    style: ProgressStyle,
+}
+
+impl LiveView {
+    fn new(bars: MultiProgress) -> Self {
+        let top = bars.add(ProgressBar::new_spinner());
+        top.enable_steady_tick(SPINNER_TICK);
+        let style = ProgressStyle::with_template(
+            "  {prefix:>14.bold} [{bar:24.green/white}] {pos}/{len} ready  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        LiveView {
+            bars,
+            top,
+            groups: BTreeMap::new(),
+            style,
+        }
+    }
+
+    fn show(&mut self, snapshot: &StatusSnapshot) {
+        self.top.set_message(header(snapshot));
+        // Desired groups, and groups whose nodes are still being removed.
+        let mut shown: BTreeMap<&str, (u32, u32)> = snapshot
+            .groups
+            .iter()
+            .map(|g| (g.id.as_str(), (g.ready, g.desired)))
+            .collect();
+        for node in &snapshot.nodes {
+            shown.entry(node.group.as_str()).or_insert((0, 0));
+        }
+        self.groups.retain(|id, bar| {
+            let keep = shown.contains_key(id.as_str());
+            if !keep {
+                bar.finish_and_clear();
+                self.bars.remove(bar);
+            }
+            keep
+        });
+        for (id, (ready, desired)) in shown {
+            let bar = self.groups.entry(id.to_owned()).or_insert_with(|| {
+                let bar = self.bars.add(ProgressBar::new(0));
+                bar.set_style(self.style.clone());
+                bar.set_prefix(id.to_owned());
+                bar
+            });
+            bar.set_length(u64::from(desired));
+            bar.set_position(u64::from(ready));
+            bar.set_message(stage_summary(
+                snapshot.nodes.iter().filter(|n| n.group == id),
+            ));
+        }
+    }
+
+    fn finish(self) {
+        for bar in self.groups.values() {
+            bar.finish_and_clear();
+        }
+        self.top.finish_and_clear();
+        let _ = self.bars.clear();
+    }
+}
+
+#[derive(Default)]
+struct PlainView {
+    seen: Option<StatusSnapshot>,
+}
+
+impl PlainView {
+    fn show(&mut self, console: &Console, snapshot: &StatusSnapshot) {
+        let before: BTreeMap<&str, &NodeStatus> = self
+            .seen
+            .iter()
+            .flat_map(|s| s.nodes.iter())
+            .map(|n| (n.id.as_str(), n))
+            .collect();
+        let previous = self.seen.as_ref();
+        if previous.is_none_or(|p| p.generation != snapshot.generation) {
+            console.line(format!("generation {} in force", snapshot.generation));
+        }
+        if previous.is_none_or(|p| p.phase != snapshot.phase)
+            && snapshot.phase == HostPhase::ShuttingDown
+        {
+            console.line("tearing the cluster down");
+        }
+        for node in &snapshot.nodes {
+            let old = before.get(node.id.as_str());
+            let moved = old.is_none_or(|o| {
+                o.attempt != node.attempt
+                    || o.stage != node.stage
+                    || o.ready != node.ready
+                    || o.deleting != node.deleting
+            });
+            if moved {
+                let mut text = format!("node {} attempt {}: {}", node.id, node.attempt, node.stage);
+                if node.ready {
+                    text.push_str(" (ready)");
+                }
+                if node.deleting {
+                    text.push_str(" (removing)");
+                }
+                console.line(text);
+            }
+            if let Some(error) = &node.last_error {
+                if old.is_none_or(|o| o.last_error.as_ref() != Some(error)) {
+                    console.line(format!(
+                        "node {} attempt {}: error: {error}",
+                        node.id, node.attempt
+                    ));
+                }
+            }
+        }
+        for id in before.keys() {
+            if !snapshot.nodes.iter().any(|n| n.id == *id) {
+                console.line(format!("node {id}: removed"));
+            }
+        }
+        let was_converged =
+            previous.is_some_and(|p| p.converged && p.generation == snapshot.generation);
+        if snapshot.converged && !was_converged && snapshot.phase == HostPhase::Running {
+            console.line(format!(
+                "converged: generation {}, {}/{} nodes ready",
+                snapshot.generation,
+                snapshot.ready_count(),
+                snapshot.desired_count()
+            ));
+        }
+        self.seen = Some(snapshot.clone());
+    }
+}
+
+/// Prints a status snapshot as a table.
+pub(crate) fn status_table(snapshot: &StatusSnapshot) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "run {}  generation {}  observed {}  converged {}  phase {}",
+        snapshot.run_id,
+        snapshot.generation,
+        snapshot
+            .observed_generation
+            .map_or_else(|| "-".to_owned(), |g| g.to_string()),
+        if snapshot.converged { "yes" } else { "no" },
+        snapshot.phase.name(),
+    );
+    for group in &snapshot.groups {
+        let _ = writeln!(
+            out,
+            "group {:<16} {}/{} ready  (provider {})",
+            group.id, group.ready, group.desired, group.provider
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:<20} {:>8}  {:<18} {:<5}  {:<20} LAST ERROR",
+        "NODE", "ATTEMPT", "STAGE", "READY", "PENDING"
+    );
+    for node in &snapshot.nodes {
+        let stage = if node.deleting {
+            format!("{} (rm)", node.stage)
+        } else {
+            node.stage.clone()
+        };
+        let _ = writeln!(
+            out,
+            "{:<20} {:>8}  {:<18} {:<5}  {:<20} {}",
+            node.id,
+            node.attempt,
+            stage,
+            if node.ready { "yes" } else { "no" },
+            node.pending.as_deref().unwrap_or("-"),
+            node.last_error.as_deref().unwrap_or(""),
+        );
+    }
+    out
+}

@@ -1,0 +1,50 @@
+//! The providers this build serves: the embedded local-process provider.
+//!
+//! This is the only module that knows about `provisioning-process`; the rest
+//! of the CLI sees plugins as [`PluginEntry`] values.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use provisioning::RunId;
+use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig, RunSecret};
+use provisioning_runtime::PluginEntry;
+
+/// The provider kinds this build serves.
+pub(crate) const PROVIDERS: &[&str] = &["process"];
+
+/// How long a node's processes get between the polite stop signal and the kill.
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The argument that makes this binary run as a node agent.
+pub(crate) const AGENT_SUBCOMMAND: &str = "agent";
+
+/// Starts the local-process plugin for `run_id`. Its node agents are this
+/// same binary, run as `provision agent ...`.
+///
+/// # Errors
+/// When the path of this binary is unknown or the plugin cannot start.
+pub(crate) async fn start_plugins(run_id: &RunId) -> anyhow::Result<Vec<PluginEntry>> {
+    let program = std::env::current_exe()?;
+    let config = ProcessPluginConfig {
+        run_id: run_id.clone(),
+        agent: AgentCommand {
+            program,
+            args: vec![OsString::from(AGENT_SUBCOMMAND)],
+        },
+        run_secret: RunSecret::generate(),
+        stop_grace: STOP_GRACE,
+    };
+    let plugin = ProcessPlugin::start(config).await?;
+    tracing::info!(swarm = %plugin.swarm_address(), "local-process provider started");
+    let for_shutdown = plugin.clone();
+    Ok(vec![PluginEntry::new(plugin).with_shutdown(
+        move || async move { for_shutdown.shutdown().await },
+    )])
+}
+
+/// Runs the node agent with the arguments that followed `agent`.
+pub(crate) fn agent_main(args: Vec<OsString>) -> ExitCode {
+    provisioning_process::agent::main(args)
+}

@@ -1,0 +1,227 @@
+//! `provision up FILE`: bring the cluster up, keep it in shape, follow edits
+//! of FILE, and tear everything down on Ctrl-C.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use provisioning_runtime::{
+    AppliedRevision, Host, HostConfig, HostError, HostHandle, ShutdownOutcome,
+};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::control::{self, SocketLocation};
+use crate::display::Console;
+use crate::local::{self, PROVIDERS};
+use crate::shape_file;
+use crate::{EXIT_FAILURE, EXIT_INVALID_INPUT};
+
+/// How often `up` looks at its shape file for edits.
+pub(crate) const FILE_POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How long `up` waits for its display to print the last snapshot.
+const DISPLAY_FINISH_WAIT: Duration = Duration::from_secs(2);
+
+/// How `up` runs.
+#[derive(Clone, Debug)]
+pub(crate) struct UpOptions {
+    /// The shape file.
+    pub(crate) file: PathBuf,
+    /// Where the control socket goes.
+    pub(crate) location: SocketLocation,
+    /// The bound on the graceful teardown before it is forced.
+    pub(crate) shutdown_timeout: Duration,
+    /// Live bars (a terminal) or plain lines.
+    pub(crate) live: bool,
+}
+
+/// Removes the control socket when `up` ends, however it ends.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Runs `up` to the end and returns the exit code.
+///
+/// # Errors
+/// When the control socket, the signal handlers, the provider or the host
+/// cannot be set up.
+pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
+    // Handlers first: a Ctrl-C from now on tears down instead of killing us.
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    // A closed terminal tears down too, rather than leaving nodes behind.
+    let mut hangup = signal(SignalKind::hangup())?;
+
+    let file = options.file.as_path();
+    let text = match shape_file::read(file) {
+        Ok(text) => text,
+        Err(error) => return Ok(invalid(&error)),
+    };
+    let source = match shape_file::parse(file, &text, PROVIDERS) {
+        Ok(source) => source,
+        Err(error) => return Ok(invalid(&error)),
+    };
+    let socket = options.location.for_run(source.run_id.as_str());
+    let listener = control::claim(&socket).await.map_err(anyhow::Error::msg)?;
+    let _socket_file = SocketFile(socket.clone());
+
+    let plugins = local::start_plugins(&source.run_id).await?;
+    let mut config = HostConfig::new(source.run_id.clone());
+    config.shutdown_deadline = options.shutdown_timeout;
+    let host = Host::start(config, plugins)?;
+    let handle = host.handle();
+    let console = Arc::new(Console::new(options.live));
+
+    match handle
+        .apply_revision(source.run_id.clone(), source.groups.clone())
+        .await
+    {
+        Ok(revision) => console.line(format!(
+            "{}: run {}, {} node(s) in {} group(s), generation {}; control socket {}",
+            file.display(),
+            source.run_id,
+            source.node_count(),
+            source.groups.len(),
+            revision.generation(),
+            socket.display()
+        )),
+        Err(error) => {
+            eprintln!("error: {}: {error}", file.display());
+            handle.shutdown().await;
+            host.join().await;
+            return Ok(ExitCode::from(EXIT_INVALID_INPUT));
+        }
+    }
+
+    let server = tokio::spawn(control::serve(listener, handle.clone(), PROVIDERS.to_vec()));
+    let display = {
+        let console = console.clone();
+        let progress = handle.subscribe();
+        tokio::spawn(async move { console.follow(progress).await })
+    };
+    let watcher = tokio::spawn(watch_file(
+        options.file.clone(),
+        text,
+        handle.clone(),
+        console.clone(),
+    ));
+
+    let mut interrupts = 0_u32;
+    loop {
+        tokio::select! {
+            _ = interrupt.recv() => interrupts += 1,
+            _ = terminate.recv() => interrupts += 1,
+            _ = hangup.recv() => interrupts += 1,
+            _ = handle.wait_stopped() => break,
+        }
+        if interrupts == 1 {
+            console.line("tearing the cluster down to zero nodes (Ctrl-C again to force)");
+            handle.request_shutdown();
+        } else {
+            console.line("forcing shutdown: killing every node process");
+            handle.force_shutdown();
+        }
+    }
+    watcher.abort();
+    let report = host.join().await;
+    let _ = tokio::time::timeout(DISPLAY_FINISH_WAIT, display).await;
+    let _ = server.await;
+    Ok(match report.outcome {
+        ShutdownOutcome::Clean => {
+            console.line("every node was torn down; bye");
+            ExitCode::SUCCESS
+        }
+        ShutdownOutcome::Forced => {
+            console.line(format!(
+                "shutdown was forced with {} node(s) still managed; the provider killed what was left",
+                report.remaining_nodes
+            ));
+            ExitCode::from(EXIT_FAILURE)
+        }
+    })
+}
+
+fn invalid(error: &shape_file::ShapeFileError) -> ExitCode {
+    eprintln!("error: {error}");
+    eprintln!("nothing was started");
+    ExitCode::from(EXIT_INVALID_INPUT)
+}
+
+/// Applies each valid edit of `path` as the next generation; reports and
+/// ignores invalid ones.
+async fn watch_file(
+    path: PathBuf,
+    mut last_text: String,
+    handle: HostHandle,
+    console: Arc<Console>,
+) {
+    let mut ticker = tokio::time::interval(FILE_POLL_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_read_error: Option<String> = None;
+    loop {
+        ticker.tick().await;
+        if handle.is_stopped() {
+            return;
+        }
+        let text = match shape_file::read(&path) {
+            Ok(text) => {
+                last_read_error = None;
+                text
+            }
+            Err(error) => {
+                // Editors may replace the file in two steps; say it once.
+                let message = error.to_string();
+                if last_read_error.as_ref() != Some(&message) {
+                    console.line(format!("{message} (the cluster keeps its current shape)"));
+                    last_read_error = Some(message);
+                }
+                continue;
+            }
+        };
+        if text == last_text {
+            continue;
+        }
+        last_text.clone_from(&text);
+        if !apply_edit(&path, &text, &handle, &console).await {
+            return;
+        }
+    }
+}
+
+/// Applies one edit. Returns `false` when the host no longer takes shapes.
+async fn apply_edit(path: &Path, text: &str, handle: &HostHandle, console: &Console) -> bool {
+    let source = match shape_file::parse(path, text, PROVIDERS) {
+        Ok(source) => source,
+        Err(error) => {
+            console.line(format!(
+                "edit ignored: {error} (the cluster keeps its current shape)"
+            ));
+            return true;
+        }
+    };
+    match handle.apply_revision(source.run_id, source.groups).await {
+        Ok(AppliedRevision::Applied { generation }) => {
+            console.line(format!(
+                "{}: edit applied as generation {generation}",
+                path.display()
+            ));
+        }
+        Ok(AppliedRevision::Unchanged { generation }) => {
+            console.line(format!(
+                "{}: no change to the shape in force (generation {generation})",
+                path.display()
+            ));
+        }
+        Err(HostError::ShuttingDown | HostError::Stopped) => return false,
+        Err(error) => console.line(format!(
+            "edit rejected: {}: {error} (the cluster keeps its current shape)",
+            path.display()
+        )),
+    }
+    true
+}

@@ -1,0 +1,602 @@
+//! End-to-end tests: the real `provision` binary on the local-process
+//! provider. Every test gets its own run id and socket directory, bounds
+//! every wait, and kills whatever is left in a drop guard.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use provisioning::RunId;
+use provisioning_process::os;
+use serde_json::Value;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_provision");
+/// The bound on convergence after a start or an edit.
+const CONVERGE_BOUND: Duration = Duration::from_secs(90);
+/// The bound on `up` exiting after it was asked to.
+const EXIT_BOUND: Duration = Duration::from_secs(60);
+/// The bound on one short command (`status`, `plan`, `validate`).
+const COMMAND_BOUND: Duration = Duration::from_secs(30);
+/// How often the tests poll.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// How long leftovers get to die in the drop guard.
+const CLEANUP_BOUND: Duration = Duration::from_secs(10);
+
+/// One isolated `provision up` and its files. Dropping it kills the `up`
+/// process and every process of its run.
+struct Cluster {
+    dir: tempfile::TempDir,
+    run: String,
+    up: Option<Child>,
+}
+
+fn shape(run: &str, groups: &[(&str, u32, &str)]) -> String {
+    let mut text = format!("run = \"{run}\"\n");
+    for (id, count, start) in groups {
+        text.push_str(&format!(
+            "\n[[group]]\nid = \"{id}\"\ncount = {count}\n[group.boot]\nverify_commands = [\"true\"]\nstart_command = \"{start}\"\n"
+        ));
+    }
+    text
+}
+
+impl Cluster {
+    fn new(test: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("provision-e2e-")
+            .tempdir()
+            .expect("a temporary directory");
+        let run = format!("e2e-{test}-{}", std::process::id());
+        Cluster { dir, run, up: None }
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.path().join("shape.toml")
+    }
+
+    fn socket_dir(&self) -> PathBuf {
+        self.dir.path().join("sockets")
+    }
+
+    fn write(&self, groups: &[(&str, u32, &str)]) {
+        self.write_text(&shape(&self.run, groups));
+    }
+
+    fn write_text(&self, text: &str) {
+        // Written aside and renamed, as editors do, so `up` never reads half a file.
+        let staging = self.dir.path().join("shape.toml.tmp");
+        fs::write(&staging, text).expect("write the shape file");
+        fs::rename(&staging, self.file()).expect("replace the shape file");
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BINARY);
+        command
+            .args(args)
+            .env("PROVISION_SOCKET_DIR", self.socket_dir())
+            .env_remove("PROVISION_SOCKET")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn start(&mut self) {
+        let stdout = fs::File::create(self.dir.path().join("up.out")).expect("stdout file");
+        let stderr = fs::File::create(self.dir.path().join("up.err")).expect("stderr file");
+        let file = self.file();
+        let child = self
+            .command(&["up", "--plain", "--shutdown-timeout", "30"])
+            .arg(&file)
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .expect("start provision up");
+        self.up = Some(child);
+    }
+
+    fn up_output(&self) -> String {
+        let read = |name: &str| fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        format!(
+            "--- up stdout ---\n{}\n--- up stderr ---\n{}",
+            read("up.out"),
+            read("up.err")
+        )
+    }
+
+    /// Runs a short command to its end, bounded.
+    fn run(&self, args: &[&str]) -> Output {
+        let child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start provision");
+        wait_output(child, COMMAND_BOUND)
+    }
+
+    /// `provision status --json`, parsed; `None` while nothing answers.
+    fn status(&self) -> Option<Value> {
+        let output = self.run(&["status", "--json", "--run", &self.run]);
+        if !output.status.success() {
+            return None;
+        }
+        Some(serde_json::from_slice(&output.stdout).expect("status --json is JSON"))
+    }
+
+    /// Polls the status until `done` holds; fails with the last status and
+    /// the output of `up` when the bound passes.
+    fn wait_for(&mut self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + CONVERGE_BOUND;
+        let mut last = None;
+        loop {
+            if let Some(status) = self.status() {
+                if done(&status) {
+                    return status;
+                }
+                last = Some(status);
+            }
+            if let Some(child) = self.up.as_mut() {
+                if let Ok(Some(exit)) = child.try_wait() {
+                    panic!(
+                        "up exited ({exit}) while waiting for {what}\n{}",
+                        self.up_output()
+                    );
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; last status: {last:#?}\n{}",
+                self.up_output()
+            );
+            sleep(POLL_INTERVAL);
+        }
+    }
+
+    fn wait_converged(&mut self, generation: u64) -> Value {
+        self.wait_for(&format!("convergence at generation {generation}"), |s| {
+            s["converged"] == Value::Bool(true) && s["generation"] == generation
+        })
+    }
+
+    fn signal_up(&self, signal: Signal) {
+        let child = self.up.as_ref().expect("up runs");
+        let pid = i32::try_from(child.id()).expect("pid fits");
+        kill(Pid::from_raw(pid), signal).expect("signal up");
+    }
+
+    fn wait_up_exit(&mut self) -> ExitStatus {
+        let mut child = self.up.take().expect("up runs");
+        let deadline = Instant::now() + EXIT_BOUND;
+        loop {
+            if let Some(exit) = child.try_wait().expect("poll up") {
+                return exit;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("up did not exit in time\n{}", self.up_output());
+            }
+            sleep(POLL_INTERVAL);
+        }
+    }
+
+    fn run_id(&self) -> RunId {
+        RunId::new(self.run.as_str())
+    }
+
+    /// Live processes of the run, by node, agents only (group leaders).
+    fn agents(&self) -> Vec<(String, Option<u64>)> {
+        let mut agents: Vec<_> = os::run_processes(&self.run_id())
+            .expect("read /proc")
+            .into_iter()
+            .filter(|p| p.is_group_leader())
+            .map(|p| (p.node.unwrap_or_default(), p.attempt))
+            .collect();
+        agents.sort();
+        agents
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.up.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = os::kill_run(&self.run_id(), CLEANUP_BOUND);
+    }
+}
+
+fn wait_output(mut child: Child, bound: Duration) -> Output {
+    let deadline = Instant::now() + bound;
+    loop {
+        if child.try_wait().expect("poll child").is_some() {
+            return child.wait_with_output().expect("collect output");
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("collect output");
+            panic!(
+                "command did not finish in {bound:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        sleep(Duration::from_millis(20));
+    }
+}
+
+fn nodes(status: &Value) -> Vec<(String, u64, String, bool)> {
+    status["nodes"]
+        .as_array()
+        .expect("nodes is an array")
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_str().expect("id").to_owned(),
+                n["attempt"].as_u64().expect("attempt"),
+                n["stage"].as_str().expect("stage").to_owned(),
+                n["ready"].as_bool().expect("ready"),
+            )
+        })
+        .collect()
+}
+
+fn attempt_of(status: &Value, id: &str) -> u64 {
+    nodes(status)
+        .into_iter()
+        .find(|n| n.0 == id)
+        .map(|n| n.1)
+        .unwrap_or_else(|| panic!("no node {id} in {status:#}"))
+}
+
+fn ids(status: &Value) -> Vec<String> {
+    nodes(status).into_iter().map(|n| n.0).collect()
+}
+
+const WORKLOAD: &str = "sleep 3600";
+
+#[test]
+fn up_converges_and_status_json_reports_every_node_ready() {
+    let mut cluster = Cluster::new("converge");
+    cluster.write(&[("web", 2, WORKLOAD), ("worker", 1, WORKLOAD)]);
+    cluster.start();
+    let status = cluster.wait_converged(1);
+
+    assert_eq!(status["observed_generation"], 1);
+    assert_eq!(ids(&status), ["web-0", "web-1", "worker-0"]);
+    for (id, attempt, stage, ready) in nodes(&status) {
+        assert!(ready, "{id} is ready");
+        assert!(attempt >= 1, "{id} has an attempt");
+        assert_eq!(stage, "dormant", "{id} is in the ready steady state");
+    }
+    let agents = cluster.agents();
+    let slots: Vec<&str> = agents.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(slots, ["web-0", "web-1", "worker-0"], "one agent per node");
+
+    let file = cluster.file();
+    let second = cluster.run(&["up", "--plain", file.to_str().expect("utf-8 path")]);
+    assert_eq!(
+        second.status.code(),
+        Some(1),
+        "a second up of the run is refused"
+    );
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("already running"), "{stderr}");
+    assert_eq!(cluster.agents().len(), 3, "the refused up started nothing");
+
+    let table = cluster.run(&["status", "--run", &cluster.run]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("converged yes") && text.contains("web-1"),
+        "{text}"
+    );
+
+    cluster.signal_up(Signal::SIGINT);
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+}
+
+#[test]
+fn a_node_killed_with_sigkill_is_replaced_by_a_new_attempt() {
+    let mut cluster = Cluster::new("sigkill");
+    cluster.write(&[("web", 2, WORKLOAD)]);
+    cluster.start();
+    let before = cluster.wait_converged(1);
+    let old = attempt_of(&before, "web-1");
+
+    let victim = os::run_processes(&cluster.run_id())
+        .expect("read /proc")
+        .into_iter()
+        .find(|p| p.is_group_leader() && p.node.as_deref() == Some("web-1"))
+        .expect("the agent of web-1 runs");
+    kill(Pid::from_raw(victim.pid), Signal::SIGKILL).expect("kill the agent");
+
+    let after = cluster.wait_for("web-1 replaced by a ready new attempt", |s| {
+        s["converged"] == Value::Bool(true) && attempt_of(s, "web-1") != old
+    });
+    assert!(attempt_of(&after, "web-1") > old);
+    assert_eq!(attempt_of(&after, "web-0"), attempt_of(&before, "web-0"));
+    let agents = cluster.agents();
+    assert!(
+        !agents.contains(&("web-1".to_owned(), Some(old))),
+        "the killed attempt left no agent: {agents:?}"
+    );
+    assert_eq!(agents.len(), 2, "{agents:?}");
+
+    cluster.signal_up(Signal::SIGINT);
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+}
+
+#[test]
+fn editing_the_file_scales_up_and_down_and_replaces_a_drifted_group() {
+    let mut cluster = Cluster::new("edit");
+    cluster.write(&[("web", 2, WORKLOAD), ("worker", 1, WORKLOAD)]);
+    cluster.start();
+    let first = cluster.wait_converged(1);
+
+    cluster.write(&[("web", 4, WORKLOAD), ("worker", 1, WORKLOAD)]);
+    let up = cluster.wait_converged(2);
+    assert_eq!(ids(&up), ["web-0", "web-1", "web-2", "web-3", "worker-0"]);
+    assert_eq!(attempt_of(&up, "web-1"), attempt_of(&first, "web-1"));
+
+    cluster.write(&[("web", 1, WORKLOAD), ("worker", 1, WORKLOAD)]);
+    let down = cluster.wait_converged(3);
+    assert_eq!(
+        ids(&down),
+        ["web-0", "worker-0"],
+        "the highest indices went"
+    );
+    assert_eq!(attempt_of(&down, "web-0"), attempt_of(&first, "web-0"));
+    let slots: Vec<String> = cluster.agents().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(slots, ["web-0", "worker-0"], "removed nodes left no agent");
+
+    cluster.write(&[("web", 1, WORKLOAD), ("worker", 1, "sleep 3599")]);
+    let drifted = cluster.wait_converged(4);
+    assert!(attempt_of(&drifted, "worker-0") > attempt_of(&first, "worker-0"));
+    assert_eq!(attempt_of(&drifted, "web-0"), attempt_of(&first, "web-0"));
+    let agents = cluster.agents();
+    assert_eq!(
+        agents,
+        [
+            ("web-0".to_owned(), Some(attempt_of(&drifted, "web-0"))),
+            (
+                "worker-0".to_owned(),
+                Some(attempt_of(&drifted, "worker-0"))
+            )
+        ],
+        "only the current attempts run"
+    );
+
+    cluster.signal_up(Signal::SIGINT);
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+}
+
+#[test]
+fn an_invalid_edit_is_reported_and_ignored_while_the_cluster_keeps_running() {
+    let mut cluster = Cluster::new("bad-edit");
+    cluster.write(&[("web", 1, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+
+    let bad = format!(
+        "{}\n[group.shape]\nresources = {{ cpu = nan }}\n",
+        shape(&cluster.run, &[("web", 3, WORKLOAD)])
+    );
+    cluster.write_text(&bad);
+    let deadline = Instant::now() + CONVERGE_BOUND;
+    while !cluster.up_output().contains("edit ignored") {
+        assert!(
+            Instant::now() < deadline,
+            "no report of the invalid edit\n{}",
+            cluster.up_output()
+        );
+        sleep(POLL_INTERVAL);
+    }
+    let output = cluster.up_output();
+    assert!(
+        output.contains("shape.toml:"),
+        "the report names the file\n{output}"
+    );
+    assert!(
+        output.contains("resources.cpu"),
+        "the report names the field\n{output}"
+    );
+    let status = cluster.status().expect("up still answers");
+    assert_eq!(status["generation"], 1, "nothing was applied");
+    assert_eq!(status["converged"], Value::Bool(true));
+
+    cluster.write(&[("web", 2, WORKLOAD)]);
+    cluster.wait_converged(2);
+    cluster.signal_up(Signal::SIGINT);
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+}
+
+#[test]
+fn sigint_tears_down_with_no_process_of_the_run_left() {
+    let mut cluster = Cluster::new("sigint");
+    cluster.write(&[("web", 3, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+    assert_eq!(cluster.agents().len(), 3);
+
+    cluster.signal_up(Signal::SIGINT);
+    let exit = cluster.wait_up_exit();
+    assert!(
+        exit.success(),
+        "up exits 0 after a clean teardown\n{}",
+        cluster.up_output()
+    );
+    let left = os::run_processes(&cluster.run_id()).expect("read /proc");
+    assert!(left.is_empty(), "processes of the run are left: {left:#?}");
+    assert!(
+        !cluster
+            .socket_dir()
+            .join(format!("{}.sock", cluster.run))
+            .exists(),
+        "the control socket was removed"
+    );
+    assert!(cluster.up_output().contains("every node was torn down"));
+}
+
+#[test]
+fn down_tears_the_cluster_down_and_waits_for_zero() {
+    let mut cluster = Cluster::new("down");
+    cluster.write(&[("web", 2, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(String::from_utf8_lossy(&down.stdout).contains("no node is left"));
+    assert!(
+        os::run_processes(&cluster.run_id())
+            .expect("read /proc")
+            .is_empty()
+    );
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+}
+
+#[test]
+fn a_malformed_file_is_rejected_with_a_clear_message_and_nothing_starts() {
+    let cluster = Cluster::new("malformed");
+    cluster.write_text(&format!(
+        "run = \"{}\"\n\n[[group]]\nid = \"web\"\ncount = 2\n[group.boot]\nstart_comand = \"sleep 3600\"\n",
+        cluster.run
+    ));
+    let file = cluster.file();
+    let file_arg = file.to_str().expect("utf-8 path");
+    let up = cluster.run(&["up", "--plain", file_arg]);
+    assert_eq!(up.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&up.stderr);
+    assert!(
+        stderr.contains(&format!("{file_arg}:7:")),
+        "file and line: {stderr}"
+    );
+    assert!(stderr.contains("start_comand"), "the field: {stderr}");
+    assert!(stderr.contains("nothing was started"), "{stderr}");
+    assert!(
+        os::run_processes(&cluster.run_id())
+            .expect("read /proc")
+            .is_empty()
+    );
+    assert!(
+        !cluster
+            .socket_dir()
+            .join(format!("{}.sock", cluster.run))
+            .exists()
+    );
+
+    let validate = cluster.run(&["validate", file_arg]);
+    assert_eq!(validate.status.code(), Some(2));
+
+    cluster.write_text(&format!(
+        "run = \"{}\"\n[[group]]\nid = \"web\"\ncount = \"two\"\n",
+        cluster.run
+    ));
+    let wrong_type = cluster.run(&["up", "--plain", file_arg]);
+    assert_eq!(wrong_type.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&wrong_type.stderr);
+    assert!(
+        stderr.contains(":4:") && stderr.contains("group[0].count"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn plan_shows_changes_from_empty_and_against_the_running_cluster() {
+    let mut cluster = Cluster::new("plan");
+    cluster.write(&[("web", 2, WORKLOAD)]);
+    let file = cluster.file();
+    let file_arg = file.to_str().expect("utf-8 path").to_owned();
+
+    let from_empty = cluster.run(&["plan", "--json", &file_arg]);
+    assert!(from_empty.status.success());
+    let plan: Value = serde_json::from_slice(&from_empty.stdout).expect("plan --json is JSON");
+    let changes: Vec<(&str, &str)> = plan["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .map(|c| (c["node"].as_str().unwrap(), c["change"].as_str().unwrap()))
+        .collect();
+    assert_eq!(changes, [("web-0", "create"), ("web-1", "create")]);
+
+    cluster.start();
+    cluster.wait_converged(1);
+    // A second file with the same run, so `up` does not apply it.
+    let other = cluster.dir.path().join("next.toml");
+    fs::write(
+        &other,
+        shape(
+            &cluster.run,
+            &[("web", 1, "sleep 3599"), ("db", 1, WORKLOAD)],
+        ),
+    )
+    .expect("write the next shape");
+    let against = cluster.run(&["plan", other.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&against.stdout);
+    assert!(
+        against.status.success(),
+        "{}",
+        String::from_utf8_lossy(&against.stderr)
+    );
+    assert!(text.contains("against the running cluster"), "{text}");
+    assert!(text.contains("create    db-0"), "{text}");
+    assert!(text.contains("replace   web-0"), "{text}");
+    assert!(text.contains("remove    web-1"), "{text}");
+    assert_eq!(
+        cluster.status().expect("status")["generation"],
+        1,
+        "plan applied nothing"
+    );
+
+    cluster.signal_up(Signal::SIGINT);
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+}
+
+#[test]
+fn status_without_a_running_up_fails_with_a_clear_message() {
+    let cluster = Cluster::new("no-up");
+    let output = cluster.run(&["status", "--json"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no running `provision up`"), "{stderr}");
+}
+
+#[test]
+fn the_agent_subcommand_gets_its_arguments_without_clap_parsing_them() {
+    let cluster = Cluster::new("agent-args");
+    let output = cluster.run(&["agent", "--not-a-provision-flag"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("Usage: provision"),
+        "clap must not parse the agent's arguments: {stderr}"
+    );
+}
+
+#[test]
+fn validate_accepts_the_shipped_examples() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut checked = 0;
+    for entry in fs::read_dir(&examples).expect("examples directory") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let cluster = Cluster::new("examples");
+            let output = cluster.run(&["validate", path.to_str().unwrap()]);
+            assert!(
+                output.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1, "no example was checked");
+}

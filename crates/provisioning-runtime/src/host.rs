@@ -1,0 +1,903 @@
+//! The host: a tokio task that owns the driver, the executor and the plugins.
+//!
+//! [`Host::start`] builds the pieces and spawns the host loop. The loop is
+//! the only code that touches the [`ClusterDriver`]; everyone else talks to
+//! it through a [`HostHandle`] (commands over a bounded channel, progress
+//! over a watch channel).
+//!
+//! # The loop
+//! The loop sleeps until one of these happens: the executor reports a
+//! result (its notify callback pings a [`Notify`]), a plugin reports an
+//! observation, a command arrives, the timer armed at
+//! [`ClusterDriver::requeue_at`] fires, the periodic safety tick fires (it
+//! forces a full pass), or shutdown is requested. After every wake it folds
+//! executor results, folds observations, expires operations whose stored
+//! deadline passed, drives the driver until it is blocked, publishes a
+//! snapshot and re-arms the timer.
+//!
+//! # Shutdown
+//! A graceful shutdown applies an empty shape at the next generation and
+//! keeps reconciling until no node is left, bounded by
+//! [`HostConfig::shutdown_deadline`]. Past the deadline, or when forced, the
+//! host stops the executor's tasks and calls each plugin's shutdown hook,
+//! which must release everything the plugin still holds.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use provisioning::spawn::{BoxFuture, Spawner};
+use provisioning::{
+    ClusterDriver, ClusterShape, DesiredUpdate, DriverError, ExecutorResult, Generation,
+    IdempotentEffectExecutor, NodeGroup, Observation, RetryPolicy, RunId, ShapeError, Timestamp,
+};
+use provisioning_provider::{AdapterError, ObservationSink, PluginBackendAdapter, ProvisionPlugin};
+use thiserror::Error;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::plan::{PlanReport, plan_against};
+use crate::spawner::TokioSpawner;
+use crate::status::{HostPhase, StatusSnapshot};
+
+/// The default period of the safety tick that forces a full pass. Progress
+/// never depends on it; it only bounds how long a lost wake-up can stall.
+pub const DEFAULT_SAFETY_TICK: Duration = Duration::from_secs(5);
+
+/// The default bound on a graceful shutdown before it is forced.
+pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How many commands may wait for the host loop.
+pub const COMMAND_QUEUE_CAPACITY: usize = 64;
+
+/// How many plugin observations may wait for the host loop. Past this, an
+/// observation is dropped with a warning and counted; the bound is far above
+/// what a healthy loop lets pile up.
+pub const OBSERVATION_QUEUE_CAPACITY: usize = 1 << 16;
+
+/// The most observations folded in one wake; the rest wait for the next one,
+/// which follows at once.
+pub const MAX_OBSERVATIONS_PER_WAKE: usize = 4096;
+
+/// How long shutdown waits for the executor's aborted tasks to end.
+pub const TASK_SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// How long shutdown waits for one plugin's shutdown hook.
+pub const PLUGIN_SHUTDOWN_WAIT: Duration = Duration::from_secs(15);
+
+/// How long the loop waits before looking again at a stored deadline that
+/// stayed in the past after a full wake (a fact the driver refused to fold).
+/// Keeps such a deadline from turning the loop into a spin.
+pub const STALE_DEADLINE_RETRY: Duration = Duration::from_millis(250);
+
+/// How the host runs.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// The run the host manages; fixed for its lifetime.
+    pub run_id: RunId,
+    /// Backoff, timeouts and probe interval of the driver.
+    pub policy: RetryPolicy,
+    /// The period of the safety tick.
+    pub safety_tick: Duration,
+    /// The bound on a graceful shutdown.
+    pub shutdown_deadline: Duration,
+}
+
+impl HostConfig {
+    /// The defaults for `run_id`.
+    pub fn new(run_id: RunId) -> Self {
+        HostConfig {
+            run_id,
+            policy: RetryPolicy::default(),
+            safety_tick: DEFAULT_SAFETY_TICK,
+            shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
+        }
+    }
+}
+
+type ShutdownHook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
+
+/// A plugin the host serves, with an optional hook the host awaits when it
+/// stops (for example to kill every process the plugin started).
+pub struct PluginEntry {
+    plugin: Arc<dyn ProvisionPlugin>,
+    on_shutdown: Option<ShutdownHook>,
+}
+
+impl fmt::Debug for PluginEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PluginEntry")
+            .field("kind", &self.plugin.kind())
+            .field("has_shutdown_hook", &self.on_shutdown.is_some())
+            .finish()
+    }
+}
+
+impl PluginEntry {
+    /// A plugin without a shutdown hook.
+    pub fn new(plugin: Arc<dyn ProvisionPlugin>) -> Self {
+        PluginEntry {
+            plugin,
+            on_shutdown: None,
+        }
+    }
+
+    /// Adds the hook the host awaits (bounded by [`PLUGIN_SHUTDOWN_WAIT`])
+    /// once it stops reconciling, whether the shutdown was clean or forced.
+    ///
+    /// # Assumptions
+    /// The hook releases everything the plugin still holds; after a forced
+    /// shutdown that is the only cleanup there is.
+    pub fn with_shutdown<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.on_shutdown = Some(Box::new(move || Box::pin(hook())));
+        self
+    }
+}
+
+/// Errors of the host.
+#[derive(Debug, Error)]
+pub enum HostError {
+    /// A group names a provider kind no registered plugin serves.
+    #[error(
+        "group {group:?} names provider {provider:?}, which no plugin serves (available: {available})"
+    )]
+    UnknownProvider {
+        /// The group.
+        group: String,
+        /// The provider kind it names.
+        provider: String,
+        /// The kinds that are served, comma-separated.
+        available: String,
+    },
+    /// The driver refused the shape; nothing changed.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// The shape failed validation; nothing changed.
+    #[error("invalid shape: {0}")]
+    Shape(#[from] ShapeError),
+    /// Two plugins serve one provider kind.
+    #[error(transparent)]
+    Adapter(#[from] AdapterError),
+    /// The host is tearing the cluster down and accepts no new shape.
+    #[error("the host is shutting down")]
+    ShuttingDown,
+    /// The host loop has ended.
+    #[error("the host has stopped")]
+    Stopped,
+    /// [`Host::start`] was called outside a tokio runtime.
+    #[error("the host must be started from within a tokio runtime")]
+    NoRuntime,
+    /// The generation counter is exhausted.
+    #[error("no generation is left after {0}")]
+    GenerationExhausted(Generation),
+}
+
+/// The outcome of [`HostHandle::apply_revision`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppliedRevision {
+    /// The groups equal the current desired groups; nothing changed.
+    Unchanged {
+        /// The current generation.
+        generation: Generation,
+    },
+    /// The groups were accepted as a new generation.
+    Applied {
+        /// The generation they got.
+        generation: Generation,
+    },
+}
+
+impl AppliedRevision {
+    /// The generation in force after the call.
+    pub fn generation(self) -> Generation {
+        match self {
+            AppliedRevision::Unchanged { generation } | AppliedRevision::Applied { generation } => {
+                generation
+            }
+        }
+    }
+}
+
+/// How the host loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShutdownOutcome {
+    /// Every node was torn down through the driver.
+    Clean,
+    /// The deadline passed or force was requested; plugin shutdown hooks did
+    /// the rest.
+    Forced,
+}
+
+/// What [`HostHandle::wait_stopped`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// How the loop ended.
+    pub outcome: ShutdownOutcome,
+    /// Nodes the driver still managed when the loop ended (0 when clean).
+    pub remaining_nodes: usize,
+    /// Observations dropped because their queue was full.
+    pub dropped_observations: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum ShutdownRequest {
+    None,
+    Graceful,
+    Force,
+}
+
+enum Command {
+    Apply {
+        shape: ClusterShape,
+        reply: oneshot::Sender<Result<DesiredUpdate, HostError>>,
+    },
+    ApplyRevision {
+        run_id: RunId,
+        groups: Vec<NodeGroup>,
+        reply: oneshot::Sender<Result<AppliedRevision, HostError>>,
+    },
+    Status {
+        reply: oneshot::Sender<StatusSnapshot>,
+    },
+    Plan {
+        run_id: RunId,
+        groups: Vec<NodeGroup>,
+        reply: oneshot::Sender<Result<PlanReport, HostError>>,
+    },
+}
+
+/// A cheap, cloneable handle to a running host.
+///
+/// When every handle (including the one inside [`Host`]) is dropped, the
+/// host shuts down gracefully on its own.
+#[derive(Clone)]
+pub struct HostHandle {
+    commands: mpsc::Sender<Command>,
+    shutdown: Arc<watch::Sender<ShutdownRequest>>,
+    progress: watch::Receiver<StatusSnapshot>,
+    finished: watch::Receiver<Option<ShutdownReport>>,
+    run_id: RunId,
+    kinds: Arc<[String]>,
+}
+
+impl fmt::Debug for HostHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostHandle")
+            .field("run_id", &self.run_id)
+            .field("kinds", &self.kinds)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostHandle {
+    /// The run the host manages.
+    pub fn run_id(&self) -> &RunId {
+        &self.run_id
+    }
+
+    /// The provider kinds the host's plugins serve.
+    pub fn provider_kinds(&self) -> &[String] {
+        &self.kinds
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, HostError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(make(reply))
+            .await
+            .map_err(|_| HostError::Stopped)?;
+        answer.await.map_err(|_| HostError::Stopped)
+    }
+
+    /// Applies `shape` as the desired shape, under the driver's revision
+    /// contract.
+    ///
+    /// # Errors
+    /// [`HostError::UnknownProvider`] when a group names a kind no plugin
+    /// serves; [`HostError::Driver`] with the driver's typed refusal (run
+    /// changed, generation regressed, content changed without a bump,
+    /// invalid shape); [`HostError::ShuttingDown`]; [`HostError::Stopped`].
+    /// Nothing changes on error.
+    pub async fn apply(&self, shape: ClusterShape) -> Result<DesiredUpdate, HostError> {
+        self.ask(|reply| Command::Apply { shape, reply }).await?
+    }
+
+    /// Applies `groups` as the next generation when they differ from the
+    /// current desired groups; identical groups change nothing. The host
+    /// picks the generation, so a caller without its own revision counter
+    /// (a file watcher) cannot get it wrong.
+    ///
+    /// # Errors
+    /// As [`HostHandle::apply`]; a `run_id` other than the host's is
+    /// [`DriverError::RunChanged`].
+    pub async fn apply_revision(
+        &self,
+        run_id: RunId,
+        groups: Vec<NodeGroup>,
+    ) -> Result<AppliedRevision, HostError> {
+        self.ask(|reply| Command::ApplyRevision {
+            run_id,
+            groups,
+            reply,
+        })
+        .await?
+    }
+
+    /// A fresh snapshot. After the host stopped, the last one it published.
+    pub async fn status(&self) -> StatusSnapshot {
+        match self.ask(|reply| Command::Status { reply }).await {
+            Ok(snapshot) => snapshot,
+            Err(_) => self.progress.borrow().clone(),
+        }
+    }
+
+    /// What applying `groups` would change against the current state.
+    ///
+    /// # Errors
+    /// [`HostError::UnknownProvider`], [`HostError::Shape`], a
+    /// [`DriverError::RunChanged`] for another run, [`HostError::Stopped`].
+    pub async fn plan(
+        &self,
+        run_id: RunId,
+        groups: Vec<NodeGroup>,
+    ) -> Result<PlanReport, HostError> {
+        self.ask(|reply| Command::Plan {
+            run_id,
+            groups,
+            reply,
+        })
+        .await?
+    }
+
+    /// Snapshots as the host publishes them (after every wake that changed
+    /// something), for live displays.
+    pub fn subscribe(&self) -> watch::Receiver<StatusSnapshot> {
+        self.progress.clone()
+    }
+
+    /// Asks for a graceful shutdown and returns at once.
+    pub fn request_shutdown(&self) {
+        self.escalate(ShutdownRequest::Graceful);
+    }
+
+    /// Asks the host to stop reconciling now and let the plugins' shutdown
+    /// hooks release everything. Returns at once.
+    pub fn force_shutdown(&self) {
+        self.escalate(ShutdownRequest::Force);
+    }
+
+    fn escalate(&self, to: ShutdownRequest) {
+        self.shutdown.send_if_modified(|current| {
+            let raise = *current < to;
+            if raise {
+                *current = to;
+            }
+            raise
+        });
+    }
+
+    /// Whether the host loop has ended.
+    pub fn is_stopped(&self) -> bool {
+        self.finished.borrow().is_some()
+    }
+
+    /// Waits until the host loop has ended and reports how.
+    pub async fn wait_stopped(&self) -> ShutdownReport {
+        let mut finished = self.finished.clone();
+        let fallback = ShutdownReport {
+            outcome: ShutdownOutcome::Forced,
+            remaining_nodes: 0,
+            dropped_observations: 0,
+        };
+        match finished.wait_for(Option::is_some).await {
+            Ok(report) => report.unwrap_or(fallback),
+            // The loop ended without a report: it panicked.
+            Err(_) => fallback,
+        }
+    }
+
+    /// Requests a graceful shutdown and waits until the host stopped.
+    pub async fn shutdown(&self) -> ShutdownReport {
+        self.request_shutdown();
+        self.wait_stopped().await
+    }
+}
+
+/// A started host: its handle and its loop task.
+#[derive(Debug)]
+pub struct Host {
+    handle: HostHandle,
+    task: JoinHandle<ShutdownReport>,
+}
+
+impl Host {
+    /// Builds the driver, the executor and the plugin adapter, and spawns
+    /// the host loop on the current tokio runtime.
+    ///
+    /// # Errors
+    /// [`HostError::NoRuntime`] outside a runtime; [`HostError::Adapter`]
+    /// when two plugins serve one kind; [`HostError::Driver`] when the run
+    /// name is invalid.
+    pub fn start(config: HostConfig, plugins: Vec<PluginEntry>) -> Result<Host, HostError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| HostError::NoRuntime)?;
+        let driver = ClusterDriver::new(config.run_id.clone(), config.policy)?;
+
+        let dropped = Arc::new(AtomicU64::new(0));
+        let (observation_tx, observations) = mpsc::channel(OBSERVATION_QUEUE_CAPACITY);
+        let dropped_in_sink = dropped.clone();
+        let sink = ObservationSink::new(move |observation: Observation| {
+            match observation_tx.try_send(observation) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(lost)) => {
+                    dropped_in_sink.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(node = %lost.node(), "observation queue full; observation dropped");
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    tracing::debug!("observation after the host stopped ignored");
+                }
+            }
+        });
+
+        let mut hooks = Vec::new();
+        let mut served = Vec::new();
+        for entry in plugins {
+            let kind = entry.plugin.kind().to_owned();
+            if let Some(hook) = entry.on_shutdown {
+                hooks.push((kind, hook));
+            }
+            served.push(entry.plugin);
+        }
+        let adapter = PluginBackendAdapter::new(served, sink)?;
+        let kinds: Arc<[String]> = adapter.kinds().map(str::to_owned).collect();
+
+        let wake = Arc::new(Notify::new());
+        let spawner = Arc::new(TokioSpawner::new(runtime.clone()));
+        let notify = wake.clone();
+        let executor = IdempotentEffectExecutor::with_notify(
+            Arc::new(adapter),
+            spawner.clone() as Arc<dyn Spawner>,
+            move || notify.notify_one(),
+        );
+
+        let start = Instant::now();
+        let (command_tx, commands) = mpsc::channel(COMMAND_QUEUE_CAPACITY);
+        let (shutdown_tx, shutdown_rx) = watch::channel(ShutdownRequest::None);
+        let initial = StatusSnapshot::of(&driver, HostPhase::Running, 0);
+        let (progress_tx, progress) = watch::channel(initial);
+        let (finished_tx, finished) = watch::channel(None);
+
+        let host_loop = HostLoop {
+            driver,
+            executor: Some(executor),
+            spawner,
+            kinds: kinds.iter().cloned().collect(),
+            hooks,
+            start,
+            wake,
+            observations,
+            commands,
+            shutdown_rx,
+            progress: progress_tx,
+            finished: finished_tx,
+            phase: HostPhase::Running,
+            teardown_deadline: None,
+            last_wake_at: Timestamp::ZERO,
+            config: config.clone(),
+            dropped,
+        };
+        let task = runtime.spawn(host_loop.run());
+        Ok(Host {
+            handle: HostHandle {
+                commands: command_tx,
+                shutdown: Arc::new(shutdown_tx),
+                progress,
+                finished,
+                run_id: config.run_id,
+                kinds,
+            },
+            task,
+        })
+    }
+
+    /// A handle to the host.
+    pub fn handle(&self) -> HostHandle {
+        self.handle.clone()
+    }
+
+    /// Waits for the host loop to end (after a shutdown request, or after
+    /// every other handle was dropped).
+    pub async fn join(self) -> ShutdownReport {
+        let Host { handle, task } = self;
+        drop(handle);
+        match task.await {
+            Ok(report) => report,
+            Err(error) => {
+                tracing::error!("the host loop ended abnormally: {error}");
+                ShutdownReport {
+                    outcome: ShutdownOutcome::Forced,
+                    remaining_nodes: 0,
+                    dropped_observations: 0,
+                }
+            }
+        }
+    }
+}
+
+/// What one wake of the loop asks for next.
+enum Next {
+    Continue,
+    Stop(ShutdownOutcome),
+}
+
+struct HostLoop {
+    driver: ClusterDriver,
+    /// `None` once the loop stopped reconciling; dropping it releases the
+    /// backend and the plugins.
+    executor: Option<IdempotentEffectExecutor<PluginBackendAdapter>>,
+    spawner: Arc<TokioSpawner>,
+    kinds: BTreeSet<String>,
+    hooks: Vec<(String, ShutdownHook)>,
+    start: Instant,
+    wake: Arc<Notify>,
+    observations: mpsc::Receiver<Observation>,
+    commands: mpsc::Receiver<Command>,
+    shutdown_rx: watch::Receiver<ShutdownRequest>,
+    progress: watch::Sender<StatusSnapshot>,
+    finished: watch::Sender<Option<ShutdownReport>>,
+    phase: HostPhase,
+    teardown_deadline: Option<Instant>,
+    /// The instant the last wake evaluated.
+    last_wake_at: Timestamp,
+    config: HostConfig,
+    dropped: Arc<AtomicU64>,
+}
+
+impl HostLoop {
+    fn now(&self) -> Timestamp {
+        let elapsed = self.start.elapsed().as_millis();
+        Timestamp::from_millis(u64::try_from(elapsed).unwrap_or(u64::MAX))
+    }
+
+    fn instant_of(&self, at: Timestamp) -> Option<Instant> {
+        self.start
+            .checked_add(Duration::from_millis(at.as_millis()))
+    }
+
+    async fn run(mut self) -> ShutdownReport {
+        let tick_period = self.config.safety_tick.max(Duration::from_millis(1));
+        let mut tick = tokio::time::interval_at(self.start + tick_period, tick_period);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut commands_open = true;
+        let mut shutdown_open = true;
+        let mut observations_open = true;
+        let outcome = loop {
+            if let Next::Stop(outcome) = self.step() {
+                break outcome;
+            }
+            let timer = self.timer_instant();
+            let again = self.driver.is_queued();
+            let teardown = self.teardown_deadline;
+            tokio::select! {
+                biased;
+                changed = self.shutdown_rx.changed(), if shutdown_open => {
+                    if changed.is_err() {
+                        shutdown_open = false;
+                        self.begin_shutdown();
+                    } else if *self.shutdown_rx.borrow_and_update() == ShutdownRequest::Force {
+                        break ShutdownOutcome::Forced;
+                    } else {
+                        self.begin_shutdown();
+                    }
+                }
+                _ = sleep_until_option(teardown), if teardown.is_some() => {
+                    tracing::warn!("graceful shutdown passed its deadline; forcing");
+                    break ShutdownOutcome::Forced;
+                }
+                command = self.commands.recv(), if commands_open => match command {
+                    Some(command) => self.handle(command),
+                    None => {
+                        commands_open = false;
+                        self.begin_shutdown();
+                    }
+                },
+                () = self.wake.notified() => {}
+                received = self.observations.recv(), if observations_open => match received {
+                    Some(observation) => self.fold_one_observation(&observation),
+                    None => observations_open = false,
+                },
+                () = sleep_until_option(timer), if timer.is_some() => {}
+                _ = tick.tick() => self.driver.trigger(),
+                () = tokio::task::yield_now(), if again => {}
+            }
+        };
+        self.finish(outcome).await
+    }
+
+    /// The instant to wake at for the driver's earliest stored deadline.
+    fn timer_instant(&self) -> Option<Instant> {
+        let at = self.driver.requeue_at()?;
+        // Compared with the instant the last wake evaluated, not with the
+        // clock now: a deadline that fell due since then is simply armed
+        // (in the past, so it fires at once).
+        let now = self.last_wake_at;
+        if now.reached(at) {
+            // Every due deadline was handled by the wake that just ran, so
+            // one still in the past belongs to a fact the driver refused.
+            tracing::debug!(%at, %now, "a stored deadline stayed in the past");
+            return Some(Instant::now() + STALE_DEADLINE_RETRY);
+        }
+        self.instant_of(at)
+    }
+
+    /// One wake: fold, expire, drive, publish.
+    fn step(&mut self) -> Next {
+        let Some(executor) = self.executor.as_mut() else {
+            return Next::Stop(ShutdownOutcome::Forced);
+        };
+        let now = {
+            let elapsed = self.start.elapsed().as_millis();
+            Timestamp::from_millis(u64::try_from(elapsed).unwrap_or(u64::MAX))
+        };
+        self.last_wake_at = now;
+        for result in executor.take_results() {
+            fold_result(&mut self.driver, &result, now);
+        }
+        let mut folded = 0;
+        while folded < MAX_OBSERVATIONS_PER_WAKE {
+            match self.observations.try_recv() {
+                Ok(observation) => {
+                    fold_observation(&mut self.driver, &observation, now);
+                    folded += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        if folded == MAX_OBSERVATIONS_PER_WAKE {
+            // More may be queued: come back at once.
+            self.wake.notify_one();
+        }
+        for due in self.driver.pending_operations_due(now) {
+            match executor.expire(due.op) {
+                Some(result) => fold_result(&mut self.driver, &result, now),
+                None => {
+                    if let Err(error) = self.driver.operation_timed_out(&due.node, due.op, now) {
+                        tracing::debug!(node = %due.node, op = %due.op, "timeout not folded: {error}");
+                    }
+                }
+            }
+        }
+        match self.driver.drive_until_blocked(now, executor) {
+            Ok(report) => {
+                if report.dispatched > 0 {
+                    tracing::debug!(
+                        passes = report.passes,
+                        dispatched = report.dispatched,
+                        "drove"
+                    );
+                }
+            }
+            Err(error) => tracing::warn!("reconcile pass failed: {error}"),
+        }
+        self.publish();
+        if self.phase == HostPhase::ShuttingDown && self.driver.state().nodes.is_empty() {
+            return Next::Stop(ShutdownOutcome::Clean);
+        }
+        Next::Continue
+    }
+
+    fn snapshot(&self) -> StatusSnapshot {
+        let uptime = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        StatusSnapshot::of(&self.driver, self.phase, uptime)
+    }
+
+    fn publish(&self) {
+        let fresh = self.snapshot();
+        self.progress.send_if_modified(|current| {
+            let changed = fresh.differs_from(current);
+            if changed {
+                *current = fresh;
+            }
+            changed
+        });
+    }
+
+    fn fold_one_observation(&mut self, observation: &Observation) {
+        let now = self.now();
+        fold_observation(&mut self.driver, observation, now);
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Apply { shape, reply } => {
+                let outcome = self.apply(shape);
+                let _ = reply.send(outcome);
+            }
+            Command::ApplyRevision {
+                run_id,
+                groups,
+                reply,
+            } => {
+                let outcome = self.apply_revision(run_id, groups);
+                let _ = reply.send(outcome);
+            }
+            Command::Status { reply } => {
+                let _ = reply.send(self.snapshot());
+            }
+            Command::Plan {
+                run_id,
+                groups,
+                reply,
+            } => {
+                let _ = reply.send(self.plan(run_id, groups));
+            }
+        }
+    }
+
+    fn check_providers(&self, groups: &[NodeGroup]) -> Result<(), HostError> {
+        for group in groups {
+            let provider = &group.template.provider;
+            if !self.kinds.contains(provider) {
+                return Err(HostError::UnknownProvider {
+                    group: group.id.to_string(),
+                    provider: provider.clone(),
+                    available: self.kinds.iter().cloned().collect::<Vec<_>>().join(", "),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, shape: ClusterShape) -> Result<DesiredUpdate, HostError> {
+        if self.phase != HostPhase::Running {
+            return Err(HostError::ShuttingDown);
+        }
+        self.check_providers(&shape.groups)?;
+        let generation = shape.generation;
+        let update = self.driver.update_desired(shape)?;
+        if update == DesiredUpdate::Accepted {
+            tracing::info!(generation = generation.get(), "desired shape accepted");
+        }
+        Ok(update)
+    }
+
+    fn next_shape(&self, run_id: RunId, groups: Vec<NodeGroup>) -> Result<ClusterShape, HostError> {
+        let current = self.driver.desired().shape();
+        let generation = if groups == current.groups {
+            current.generation
+        } else {
+            let next = current
+                .generation
+                .get()
+                .checked_add(1)
+                .ok_or(HostError::GenerationExhausted(current.generation))?;
+            Generation::new(next)
+        };
+        Ok(ClusterShape {
+            run_id,
+            generation,
+            groups,
+        })
+    }
+
+    fn apply_revision(
+        &mut self,
+        run_id: RunId,
+        groups: Vec<NodeGroup>,
+    ) -> Result<AppliedRevision, HostError> {
+        let shape = self.next_shape(run_id, groups)?;
+        let generation = shape.generation;
+        Ok(match self.apply(shape)? {
+            DesiredUpdate::Unchanged => AppliedRevision::Unchanged { generation },
+            DesiredUpdate::Accepted => AppliedRevision::Applied { generation },
+        })
+    }
+
+    fn plan(&self, run_id: RunId, groups: Vec<NodeGroup>) -> Result<PlanReport, HostError> {
+        self.check_providers(&groups)?;
+        if &run_id != self.driver.run_id() {
+            return Err(DriverError::RunChanged {
+                expected: self.driver.run_id().clone(),
+                got: run_id,
+            }
+            .into());
+        }
+        let desired = self.next_shape(run_id, groups)?.validate()?;
+        Ok(plan_against(self.driver.state(), &desired, self.now()))
+    }
+
+    fn begin_shutdown(&mut self) {
+        if self.phase != HostPhase::Running {
+            return;
+        }
+        self.phase = HostPhase::ShuttingDown;
+        self.teardown_deadline = Some(Instant::now() + self.config.shutdown_deadline);
+        let current = self.driver.desired().generation();
+        let Some(next) = current.get().checked_add(1) else {
+            tracing::error!("no generation left for the empty shape; shutdown will be forced");
+            self.teardown_deadline = Some(Instant::now());
+            return;
+        };
+        let empty = ClusterShape::empty(self.config.run_id.clone(), Generation::new(next));
+        match self.driver.update_desired(empty) {
+            Ok(_) => tracing::info!(generation = next, "tearing the cluster down"),
+            Err(error) => {
+                tracing::error!("the empty shape was refused ({error}); shutdown will be forced");
+                self.teardown_deadline = Some(Instant::now());
+            }
+        }
+    }
+
+    async fn finish(mut self, outcome: ShutdownOutcome) -> ShutdownReport {
+        if let Some(executor) = self.executor.as_ref() {
+            executor.close();
+        }
+        let stuck = self.spawner.shutdown(TASK_SHUTDOWN_WAIT).await;
+        if stuck > 0 {
+            tracing::warn!(tasks = stuck, "executor tasks did not end in time");
+        }
+        for (kind, hook) in std::mem::take(&mut self.hooks) {
+            if tokio::time::timeout(PLUGIN_SHUTDOWN_WAIT, hook())
+                .await
+                .is_err()
+            {
+                tracing::error!(provider = %kind, "the plugin's shutdown did not finish in time");
+            }
+        }
+        // Releases the backend and, with it, the host's hold on the plugins.
+        self.executor = None;
+        self.phase = HostPhase::Stopped;
+        let remaining_nodes = self.driver.state().nodes.len();
+        let report = ShutdownReport {
+            outcome,
+            remaining_nodes,
+            dropped_observations: self.dropped.load(Ordering::Relaxed),
+        };
+        let last = self.snapshot();
+        self.progress.send_replace(last);
+        self.finished.send_replace(Some(report));
+        match outcome {
+            ShutdownOutcome::Clean => tracing::info!("cluster torn down; host stopped"),
+            ShutdownOutcome::Forced => {
+                tracing::warn!(remaining_nodes, "host stopped by force");
+            }
+        }
+        report
+    }
+}
+
+fn fold_result(driver: &mut ClusterDriver, result: &ExecutorResult, now: Timestamp) {
+    match driver.apply_executor_result(result, now) {
+        Ok(()) => {
+            if let Err(error) = &result.outcome {
+                tracing::debug!(node = %result.node, op = %result.op, kind = %result.kind, "operation failed: {error}");
+            }
+        }
+        Err(error) => {
+            tracing::debug!(node = %result.node, op = %result.op, "result not folded: {error}");
+        }
+    }
+}
+
+fn fold_observation(driver: &mut ClusterDriver, observation: &Observation, now: Timestamp) {
+    if let Err(error) = driver.apply_observation(observation, now) {
+        tracing::debug!(node = %observation.node(), "observation not folded: {error}");
+    }
+}
+
+async fn sleep_until_option(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,173 @@
+//! Status snapshots: what the host tells operators about its cluster.
+//!
+//! A [`StatusSnapshot`] is a plain, serialisable copy of the interesting
+//! parts of the driver's state. The host publishes one after every wake that
+//! changed something, and answers status queries with a fresh one.
+
+use std::collections::BTreeMap;
+
+use provisioning::{ClusterDriver, Intent, ManagedNode};
+use serde::{Deserialize, Serialize};
+
+/// Where the host is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostPhase {
+    /// Reconciling towards the latest applied shape.
+    Running,
+    /// Tearing the cluster down to zero nodes.
+    ShuttingDown,
+    /// The host loop ended.
+    Stopped,
+}
+
+impl HostPhase {
+    /// A stable, lower-case name (the one used in JSON).
+    pub fn name(self) -> &'static str {
+        match self {
+            HostPhase::Running => "running",
+            HostPhase::ShuttingDown => "shutting-down",
+            HostPhase::Stopped => "stopped",
+        }
+    }
+}
+
+/// A snapshot of the cluster as the host sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusSnapshot {
+    /// The run.
+    pub run_id: String,
+    /// The generation of the latest accepted desired shape.
+    pub generation: u64,
+    /// The last generation a pass evaluated; `None` before the first pass.
+    /// Equal to `generation` does not mean ready, see `converged`.
+    pub observed_generation: Option<u64>,
+    /// Whether every desired node is ready with its desired spec and nothing
+    /// else remains.
+    pub converged: bool,
+    /// The host's phase.
+    pub phase: HostPhase,
+    /// Milliseconds since the host started.
+    pub uptime_ms: u64,
+    /// One entry per desired group, in name order.
+    pub groups: Vec<GroupStatus>,
+    /// One entry per managed node, in slot order.
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// The state of one desired group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupStatus {
+    /// The group.
+    pub id: String,
+    /// The provider kind serving it.
+    pub provider: String,
+    /// How many nodes are desired.
+    pub desired: u32,
+    /// How many desired slots hold a ready node with the desired spec.
+    pub ready: u32,
+}
+
+/// The state of one managed node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// The slot, `{group}-{index}`.
+    pub id: String,
+    /// The group of the slot.
+    pub group: String,
+    /// The current attempt.
+    pub attempt: u64,
+    /// The lifecycle stage (`new`, `lease-requested`, …, `dormant`, `failed`,
+    /// `destroyed`).
+    pub stage: String,
+    /// Whether the node is ready.
+    pub ready: bool,
+    /// Whether the node is being torn down.
+    pub deleting: bool,
+    /// Whether the slot is still desired with this node's spec.
+    pub desired: bool,
+    /// The kind of the pending operation, if one is in flight.
+    pub pending: Option<String>,
+    /// The endpoint, once known.
+    pub endpoint: Option<String>,
+    /// Failures since the node was last ready.
+    pub consecutive_failures: u32,
+    /// The last error, for operators.
+    pub last_error: Option<String>,
+}
+
+impl StatusSnapshot {
+    /// Builds a snapshot of `driver`.
+    pub fn of(driver: &ClusterDriver, phase: HostPhase, uptime_ms: u64) -> Self {
+        let desired = driver.desired();
+        let state = driver.state();
+        let mut ready_by_group: BTreeMap<&str, u32> = BTreeMap::new();
+        let nodes = state
+            .nodes
+            .iter()
+            .map(|(id, node)| {
+                let is_desired = desired.spec(id).is_some_and(|spec| spec == node.spec);
+                if is_desired && node.is_ready() {
+                    *ready_by_group.entry(id.group().as_str()).or_default() += 1;
+                }
+                node_status(id.to_string(), id.group().to_string(), node, is_desired)
+            })
+            .collect();
+        let groups = desired
+            .groups()
+            .iter()
+            .map(|(id, group)| GroupStatus {
+                id: id.to_string(),
+                provider: group.template().provider.clone(),
+                desired: group.count(),
+                ready: ready_by_group.get(id.as_str()).copied().unwrap_or(0),
+            })
+            .collect();
+        StatusSnapshot {
+            run_id: driver.run_id().to_string(),
+            generation: desired.generation().get(),
+            observed_generation: state.observed_generation.map(|g| g.get()),
+            converged: driver.is_converged(),
+            phase,
+            uptime_ms,
+            groups,
+            nodes,
+        }
+    }
+
+    /// Nodes that are ready.
+    pub fn ready_count(&self) -> usize {
+        self.nodes.iter().filter(|n| n.ready).count()
+    }
+
+    /// Nodes desired over all groups.
+    pub fn desired_count(&self) -> u64 {
+        self.groups.iter().map(|g| u64::from(g.desired)).sum()
+    }
+
+    /// Whether `other` differs from `self` in anything but the uptime.
+    pub fn differs_from(&self, other: &StatusSnapshot) -> bool {
+        self.generation != other.generation
+            || self.observed_generation != other.observed_generation
+            || self.converged != other.converged
+            || self.phase != other.phase
+            || self.groups != other.groups
+            || self.nodes != other.nodes
+    }
+}
+
+fn node_status(id: String, group: String, node: &ManagedNode, desired: bool) -> NodeStatus {
+    NodeStatus {
+        id,
+        group,
+        attempt: node.attempt.get(),
+        stage: node.record.stage.name().to_owned(),
+        ready: node.is_ready(),
+        deleting: node.intent == Intent::Deleting,
+        desired,
+        pending: node.pending.as_ref().map(|p| p.kind.name().to_owned()),
+        endpoint: node.record.endpoint.as_ref().map(|e| e.endpoint.0.clone()),
+        consecutive_failures: node.retry.consecutive_failures,
+        last_error: node.retry.last_error.clone(),
+    }
+}

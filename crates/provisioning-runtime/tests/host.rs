@@ -1,0 +1,679 @@
+//! The host loop against an in-memory plugin, on paused virtual time.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use provisioning::observe::{BootstrapEvent, LossCause};
+use provisioning::state::BootstrapProgress;
+use provisioning::{
+    BootParams, ClusterShape, DesiredUpdate, DriverError, Endpoint, EndpointLookup, Generation,
+    GroupId, LeaseHandle, LogicalNodeSpec, NodeGroup, NodeTemplate, ProviderShape, RetryPolicy,
+    RunId, SessionHandle, SwarmJoinTemplate,
+};
+use provisioning_provider::{
+    AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
+    PluginError, ProvisionPlugin,
+};
+use provisioning_runtime::{
+    AppliedRevision, ChangeKind, Host, HostConfig, HostError, HostHandle, PluginEntry,
+    ShutdownOutcome, StatusSnapshot,
+};
+
+/// The bound on every wait in these tests, in virtual time.
+const WAIT_BOUND: Duration = Duration::from_secs(600);
+/// How often the tests poll the host, in virtual time.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+const RUN: &str = "test-run";
+
+#[derive(Debug)]
+struct FakeNode {
+    lease: LeaseHandle,
+    session: bool,
+}
+
+/// An in-memory provider: nodes are map entries; a bootstrap reports
+/// progress and the join shortly after it starts.
+#[derive(Default)]
+struct FakePlugin {
+    sink: Mutex<Option<ObservationSink>>,
+    nodes: Mutex<BTreeMap<AttemptKey, FakeNode>>,
+    creates: AtomicUsize,
+    hang_destroy: AtomicBool,
+    slow_create_once: Mutex<Option<Duration>>,
+    shut_down: AtomicBool,
+}
+
+impl FakePlugin {
+    fn sink(&self) -> ObservationSink {
+        self.sink.lock().unwrap().clone().expect("attached")
+    }
+
+    fn live(&self) -> Vec<(String, u64)> {
+        self.nodes
+            .lock()
+            .unwrap()
+            .keys()
+            .map(|k| (k.node.to_string(), k.attempt.get()))
+            .collect()
+    }
+
+    /// Reports the loss of the live node of `slot`, as a crashed process would.
+    fn kill(&self, slot: &str) {
+        let key = {
+            let mut nodes = self.nodes.lock().unwrap();
+            let key = nodes
+                .keys()
+                .find(|k| k.node.to_string() == slot)
+                .cloned()
+                .expect("slot is live");
+            nodes.remove(&key);
+            key
+        };
+        self.sink().lost(&key, LossCause::AgentGone);
+    }
+}
+
+#[async_trait]
+impl ProvisionPlugin for FakePlugin {
+    fn kind(&self) -> &str {
+        "fake"
+    }
+
+    fn attach(&self, sink: ObservationSink) {
+        *self.sink.lock().unwrap() = Some(sink);
+    }
+
+    async fn create_node(
+        &self,
+        key: &AttemptKey,
+        _spec: &LogicalNodeSpec,
+    ) -> Result<NodeLease, PluginError> {
+        let delay = self.slow_create_once.lock().unwrap().take();
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
+        self.creates.fetch_add(1, Ordering::SeqCst);
+        let mut nodes = self.nodes.lock().unwrap();
+        let adopted = nodes.contains_key(key);
+        let node = nodes.entry(key.clone()).or_insert_with(|| FakeNode {
+            lease: LeaseHandle(format!("lease-{key}")),
+            session: false,
+        });
+        Ok(NodeLease {
+            lease: node.lease.clone(),
+            endpoint: None,
+            adopted,
+        })
+    }
+
+    async fn lookup_endpoint(
+        &self,
+        key: &AttemptKey,
+        _lease: &LeaseHandle,
+    ) -> Result<EndpointLookup, PluginError> {
+        if self.nodes.lock().unwrap().contains_key(key) {
+            Ok(EndpointLookup::Ready(Endpoint(format!("fake://{key}"))))
+        } else {
+            Err(PluginError::not_found(key))
+        }
+    }
+
+    async fn start_bootstrap(
+        &self,
+        key: &AttemptKey,
+        _request: &BootstrapRequest,
+    ) -> Result<BootstrapSession, PluginError> {
+        let adopted = {
+            let mut nodes = self.nodes.lock().unwrap();
+            let node = nodes
+                .get_mut(key)
+                .ok_or_else(|| PluginError::not_found(key))?;
+            std::mem::replace(&mut node.session, true)
+        };
+        if !adopted {
+            let sink = self.sink();
+            let key = key.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                sink.bootstrap(
+                    &key,
+                    BootstrapEvent::Progress(BootstrapProgress::AgentStarting),
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                sink.bootstrap(&key, BootstrapEvent::Joined);
+            });
+        }
+        Ok(BootstrapSession {
+            session: SessionHandle(format!("session-{key}")),
+            adopted,
+        })
+    }
+
+    async fn complete_bootstrap(
+        &self,
+        key: &AttemptKey,
+        _session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError> {
+        self.sink().bootstrap(key, BootstrapEvent::Closed);
+        Ok(())
+    }
+
+    async fn cancel_bootstrap(
+        &self,
+        key: &AttemptKey,
+        _session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError> {
+        if let Some(node) = self.nodes.lock().unwrap().get_mut(key) {
+            node.session = false;
+        }
+        Ok(())
+    }
+
+    async fn destroy_node(
+        &self,
+        key: &AttemptKey,
+        _lease: &LeaseHandle,
+    ) -> Result<(), PluginError> {
+        if self.hang_destroy.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.nodes.lock().unwrap().remove(key);
+        Ok(())
+    }
+
+    async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
+        Ok(self
+            .nodes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| &k.run_id == run)
+            .map(|(k, n)| ListedNode {
+                key: k.clone(),
+                lease: n.lease.clone(),
+            })
+            .collect())
+    }
+}
+
+fn group(id: &str, count: u32, start: &str) -> NodeGroup {
+    NodeGroup {
+        id: GroupId::new(id),
+        run_id: RunId::new(RUN),
+        count,
+        template: NodeTemplate {
+            role: "worker".into(),
+            provider: "fake".into(),
+            shape: ProviderShape::default(),
+            boot: BootParams {
+                start_command: start.into(),
+                ..BootParams::default()
+            },
+            swarm_join: SwarmJoinTemplate::default(),
+        },
+    }
+}
+
+fn shape(generation: u64, groups: Vec<NodeGroup>) -> ClusterShape {
+    ClusterShape {
+        run_id: RunId::new(RUN),
+        generation: Generation::new(generation),
+        groups,
+    }
+}
+
+fn config() -> HostConfig {
+    let mut config = HostConfig::new(RunId::new(RUN));
+    config.policy = RetryPolicy {
+        operation_timeout: Duration::from_secs(2),
+        ..RetryPolicy::default()
+    };
+    config.shutdown_deadline = Duration::from_secs(20);
+    config
+}
+
+fn start(plugin: &Arc<FakePlugin>) -> Host {
+    let for_hook = plugin.clone();
+    let entry = PluginEntry::new(plugin.clone()).with_shutdown(move || async move {
+        for_hook.shut_down.store(true, Ordering::SeqCst);
+        for_hook.nodes.lock().unwrap().clear();
+    });
+    Host::start(config(), vec![entry]).expect("host starts")
+}
+
+/// Polls the host until `done` holds, failing with the last snapshot when
+/// the bound passes.
+async fn wait_until(
+    handle: &HostHandle,
+    what: &str,
+    done: impl Fn(&StatusSnapshot) -> bool,
+) -> StatusSnapshot {
+    let deadline = tokio::time::Instant::now() + WAIT_BOUND;
+    loop {
+        let snapshot = handle.status().await;
+        if done(&snapshot) {
+            return snapshot;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; last status: {snapshot:#?}"
+        );
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+fn converged_at(generation: u64) -> impl Fn(&StatusSnapshot) -> bool {
+    move |s| s.converged && s.generation == generation
+}
+
+fn attempts(snapshot: &StatusSnapshot) -> BTreeMap<String, u64> {
+    snapshot
+        .nodes
+        .iter()
+        .map(|n| (n.id.clone(), n.attempt))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn host_converges_a_two_group_shape_and_reports_every_node_ready() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    let update = handle
+        .apply(shape(1, vec![group("a", 2, "x"), group("b", 3, "y")]))
+        .await
+        .unwrap();
+    assert_eq!(update, DesiredUpdate::Accepted);
+
+    let status = wait_until(&handle, "convergence", converged_at(1)).await;
+    assert_eq!(status.observed_generation, Some(1));
+    let ids: Vec<&str> = status.nodes.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(ids, ["a-0", "a-1", "b-0", "b-1", "b-2"]);
+    assert!(status.nodes.iter().all(|n| n.ready && n.stage == "dormant"));
+    assert_eq!(status.groups.iter().map(|g| g.ready).sum::<u32>(), 5);
+    assert_eq!(plugin.live().len(), 5);
+
+    let report = handle.shutdown().await;
+    assert_eq!(report.outcome, ShutdownOutcome::Clean);
+    assert!(plugin.live().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn scaling_down_removes_the_highest_indices_and_releases_their_resources() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 4, "x")]))
+        .await
+        .unwrap();
+    let before = wait_until(&handle, "four nodes", converged_at(1)).await;
+
+    handle
+        .apply(shape(2, vec![group("a", 2, "x")]))
+        .await
+        .unwrap();
+    let after = wait_until(&handle, "two nodes", converged_at(2)).await;
+    let kept = attempts(&after);
+    assert_eq!(
+        kept.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["a-0", "a-1"]
+    );
+    assert_eq!(
+        kept["a-0"],
+        attempts(&before)["a-0"],
+        "kept slots keep their attempt"
+    );
+    let live: Vec<String> = plugin.live().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(live, ["a-0", "a-1"]);
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_node_is_replaced_by_a_new_attempt_that_becomes_ready() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 2, "x")]))
+        .await
+        .unwrap();
+    let before = wait_until(&handle, "convergence", converged_at(1)).await;
+    let old = attempts(&before)["a-1"];
+
+    plugin.kill("a-1");
+    let after = wait_until(&handle, "replacement", |s| {
+        s.converged && attempts(s).get("a-1").is_some_and(|a| *a != old)
+    })
+    .await;
+    assert!(attempts(&after)["a-1"] > old);
+    assert_eq!(attempts(&after)["a-0"], attempts(&before)["a-0"]);
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drifted_group_is_replaced_with_new_attempts_and_the_other_group_is_kept() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 2, "x"), group("b", 1, "y")]))
+        .await
+        .unwrap();
+    let before = attempts(&wait_until(&handle, "convergence", converged_at(1)).await);
+
+    handle
+        .apply(shape(2, vec![group("a", 2, "x2"), group("b", 1, "y")]))
+        .await
+        .unwrap();
+    let after = attempts(&wait_until(&handle, "drift replaced", converged_at(2)).await);
+    assert!(after["a-0"] > before["a-0"] && after["a-1"] > before["a-1"]);
+    assert_eq!(after["b-0"], before["b-0"]);
+    assert_eq!(plugin.live().len(), 3, "the old attempts were destroyed");
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_provider_kind_is_rejected_naming_the_group_and_changes_nothing() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    let mut cloud = group("gpu", 1, "x");
+    cloud.template.provider = "cloud".into();
+    let error = handle
+        .apply(shape(1, vec![group("a", 1, "x"), cloud]))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, HostError::UnknownProvider { .. }));
+    let message = error.to_string();
+    assert!(
+        message.contains("\"gpu\"") && message.contains("\"cloud\""),
+        "{message}"
+    );
+    assert!(message.contains("available: fake"), "{message}");
+    let status = handle.status().await;
+    assert_eq!(status.generation, 0);
+    assert!(status.nodes.is_empty());
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lower_generation_or_a_silent_change_is_refused_with_the_drivers_typed_error() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(3, vec![group("a", 1, "x")]))
+        .await
+        .unwrap();
+    let same = handle
+        .apply(shape(3, vec![group("a", 1, "x")]))
+        .await
+        .unwrap();
+    assert_eq!(same, DesiredUpdate::Unchanged);
+    let lower = handle.apply(shape(2, vec![group("a", 1, "x")])).await;
+    assert!(matches!(
+        lower,
+        Err(HostError::Driver(DriverError::GenerationRegressed { .. }))
+    ));
+    let silent = handle.apply(shape(3, vec![group("a", 2, "x")])).await;
+    assert!(matches!(
+        silent,
+        Err(HostError::Driver(
+            DriverError::ContentChangedWithoutGenerationBump { .. }
+        ))
+    ));
+    let mut other = shape(4, vec![]);
+    other.run_id = RunId::new("other-run");
+    assert!(matches!(
+        handle.apply(other).await,
+        Err(HostError::Driver(DriverError::RunChanged { .. }))
+    ));
+    assert_eq!(handle.status().await.generation, 3);
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn apply_revision_bumps_the_generation_only_when_the_groups_change() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    let run = RunId::new(RUN);
+    let first = handle
+        .apply_revision(run.clone(), vec![group("a", 1, "x")])
+        .await
+        .unwrap();
+    assert_eq!(
+        first,
+        AppliedRevision::Applied {
+            generation: Generation::new(1)
+        }
+    );
+    let again = handle
+        .apply_revision(run.clone(), vec![group("a", 1, "x")])
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        AppliedRevision::Unchanged {
+            generation: Generation::new(1)
+        }
+    );
+    let second = handle
+        .apply_revision(run.clone(), vec![group("a", 2, "x")])
+        .await
+        .unwrap();
+    assert_eq!(second.generation(), Generation::new(2));
+    let other = handle.apply_revision(RunId::new("other-run"), vec![]).await;
+    assert!(matches!(
+        other,
+        Err(HostError::Driver(DriverError::RunChanged { .. }))
+    ));
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn graceful_shutdown_tears_down_to_zero_through_the_driver_then_calls_the_hook() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 3, "x")]))
+        .await
+        .unwrap();
+    wait_until(&handle, "convergence", converged_at(1)).await;
+
+    let report = handle.shutdown().await;
+    assert_eq!(report.outcome, ShutdownOutcome::Clean);
+    assert_eq!(report.remaining_nodes, 0);
+    assert!(plugin.shut_down.load(Ordering::SeqCst), "the hook ran");
+    let last = handle.status().await;
+    assert_eq!(last.generation, 2, "teardown is the next generation");
+    assert!(last.nodes.is_empty());
+    assert!(matches!(
+        handle.apply(shape(9, vec![])).await,
+        Err(HostError::Stopped)
+    ));
+    assert!(handle.is_stopped());
+    let joined = host.join().await;
+    assert_eq!(joined.outcome, ShutdownOutcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_is_forced_when_cleanup_hangs_past_the_deadline() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 2, "x")]))
+        .await
+        .unwrap();
+    wait_until(&handle, "convergence", converged_at(1)).await;
+
+    plugin.hang_destroy.store(true, Ordering::SeqCst);
+    let report = handle.shutdown().await;
+    assert_eq!(report.outcome, ShutdownOutcome::Forced);
+    assert_eq!(report.remaining_nodes, 2);
+    assert!(
+        plugin.shut_down.load(Ordering::SeqCst),
+        "the hook released the rest"
+    );
+    assert!(plugin.live().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn force_shutdown_stops_without_waiting_for_the_teardown() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 2, "x")]))
+        .await
+        .unwrap();
+    wait_until(&handle, "convergence", converged_at(1)).await;
+    plugin.hang_destroy.store(true, Ordering::SeqCst);
+
+    handle.request_shutdown();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!handle.is_stopped());
+    let started = tokio::time::Instant::now();
+    handle.force_shutdown();
+    let report = handle.wait_stopped().await;
+    assert_eq!(report.outcome, ShutdownOutcome::Forced);
+    assert!(
+        started.elapsed() < config().shutdown_deadline,
+        "force did not wait for the graceful deadline"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operation_hanging_past_its_deadline_expires_and_the_retry_adopts() {
+    let plugin = Arc::new(FakePlugin::default());
+    *plugin.slow_create_once.lock().unwrap() = Some(Duration::from_secs(5));
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 1, "x")]))
+        .await
+        .unwrap();
+    let status = wait_until(&handle, "convergence", converged_at(1)).await;
+    assert_eq!(status.nodes[0].attempt, 1, "the same attempt recovered");
+    assert_eq!(plugin.live().len(), 1, "no double create");
+    assert!(
+        plugin.creates.load(Ordering::SeqCst) >= 2,
+        "the create was re-issued"
+    );
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_plan_names_creates_replacements_and_removals_without_changing_anything() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 2, "x"), group("b", 1, "y")]))
+        .await
+        .unwrap();
+    wait_until(&handle, "convergence", converged_at(1)).await;
+
+    let run = RunId::new(RUN);
+    let report = handle
+        .plan(run.clone(), vec![group("a", 3, "x"), group("c", 1, "z")])
+        .await
+        .unwrap();
+    let changes: Vec<(&str, ChangeKind)> = report
+        .changes
+        .iter()
+        .map(|c| (c.node.as_str(), c.change))
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("a-0", ChangeKind::Keep),
+            ("a-1", ChangeKind::Keep),
+            ("a-2", ChangeKind::Create),
+            ("b-0", ChangeKind::Remove),
+            ("c-0", ChangeKind::Create),
+        ]
+    );
+    assert_eq!(report.generation, 2);
+    let drift = handle
+        .plan(run.clone(), vec![group("a", 2, "new"), group("b", 1, "y")])
+        .await
+        .unwrap();
+    assert_eq!(drift.count(ChangeKind::Replace), 2);
+    let same = handle
+        .plan(run, vec![group("a", 2, "x"), group("b", 1, "y")])
+        .await
+        .unwrap();
+    assert!(same.is_noop());
+    assert_eq!(same.generation, 1);
+    let status = handle.status().await;
+    assert_eq!(status.generation, 1, "planning applies nothing");
+    assert!(status.converged);
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn progress_subscribers_see_the_cluster_converge() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    let mut progress = handle.subscribe();
+    handle
+        .apply(shape(1, vec![group("a", 2, "x")]))
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(
+        WAIT_BOUND,
+        progress.wait_for(|s| s.converged && s.generation == 1),
+    )
+    .await
+    .expect("bounded")
+    .expect("host alive")
+    .clone();
+    assert_eq!(seen.ready_count(), 2);
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_every_handle_tears_the_cluster_down_and_releases_the_plugin() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 2, "x")]))
+        .await
+        .unwrap();
+    wait_until(&handle, "convergence", converged_at(1)).await;
+    drop(handle);
+
+    let report = tokio::time::timeout(WAIT_BOUND, host.join())
+        .await
+        .expect("bounded");
+    assert_eq!(report.outcome, ShutdownOutcome::Clean);
+    assert!(plugin.live().is_empty());
+    // Background bootstrap tasks of the fake may still hold the sink for a
+    // moment; the host itself holds nothing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        Arc::strong_count(&plugin),
+        1,
+        "the host released the plugin"
+    );
+}
+
+#[tokio::test]
+async fn a_host_started_outside_a_runtime_is_an_error_not_a_panic() {
+    let plugin = Arc::new(FakePlugin::default());
+    let outcome = std::thread::spawn(move || {
+        Host::start(config(), vec![PluginEntry::new(plugin)]).map(|_| ())
+    })
+    .join()
+    .expect("no panic");
+    assert!(matches!(outcome, Err(HostError::NoRuntime)));
+}
