@@ -496,18 +496,10 @@ fn core_error(at: &Locator<'_>, document: &FileDocument, error: ShapeError) -> S
     at.error(span, field, core_message(&error))
 }
 
-/// The core's message, with ids shown as plain quoted names.
+/// The core's message, without the field path where the report names it.
 fn core_message(error: &ShapeError) -> String {
     match error {
-        ShapeError::DuplicateGroup { group } => {
-            format!("group {:?} is declared more than once", group.as_str())
-        }
-        ShapeError::EmptyField { group, field } => {
-            format!(
-                "group {:?}: field `{field}` must not be empty",
-                group.as_str()
-            )
-        }
+        // The field is reported on its own; the message names the value.
         ShapeError::NonFiniteValue { group, value, .. } => {
             format!("group {:?}: {value} is not a finite number", group.as_str())
         }

@@ -159,7 +159,9 @@ pub enum ShapeError {
         reason: &'static str,
     },
     /// A group was declared for another run than the shape's.
-    #[error("group {group:?} belongs to run {group_run:?}, but the shape is for run {shape_run:?}")]
+    #[error(
+        "group \"{group}\" belongs to run \"{group_run}\", but the shape is for run \"{shape_run}\""
+    )]
     RunMismatch {
         /// The group.
         group: GroupId,
@@ -170,13 +172,13 @@ pub enum ShapeError {
     },
     /// Two groups share one id. Because slot ids are `(group, index)` pairs,
     /// this is also the only way two slots could share an id.
-    #[error("group {group:?} is declared more than once")]
+    #[error("group \"{group}\" is declared more than once")]
     DuplicateGroup {
         /// The repeated group id.
         group: GroupId,
     },
     /// A number is NaN or infinite.
-    #[error("group {group:?}: field `{field}` is not a finite number ({value})")]
+    #[error("group \"{group}\": field `{field}` is not a finite number ({value})")]
     NonFiniteValue {
         /// The group.
         group: GroupId,
@@ -186,7 +188,7 @@ pub enum ShapeError {
         value: f64,
     },
     /// A quantity is negative.
-    #[error("group {group:?}: field `{field}` is negative ({value})")]
+    #[error("group \"{group}\": field `{field}` is negative ({value})")]
     NegativeValue {
         /// The group.
         group: GroupId,
@@ -196,7 +198,7 @@ pub enum ShapeError {
         value: f64,
     },
     /// A field that must name something is empty.
-    #[error("group {group:?}: field `{field}` must not be empty")]
+    #[error("group \"{group}\": field `{field}` must not be empty")]
     EmptyField {
         /// The group.
         group: GroupId,
@@ -497,7 +499,7 @@ mod tests {
         g.run_id = RunId::new("other");
         check_rejected(
             vec![g],
-            "group GroupId(\"a\") belongs to run RunId(\"other\"), but the shape is for run RunId(\"run\")",
+            "group \"a\" belongs to run \"other\", but the shape is for run \"run\"",
         );
     }
 
@@ -505,7 +507,7 @@ mod tests {
     fn validation_rejects_duplicate_groups() {
         check_rejected(
             vec![group("a", 1), group("a", 2)],
-            "group GroupId(\"a\") is declared more than once",
+            "group \"a\" is declared more than once",
         );
     }
 
@@ -515,7 +517,7 @@ mod tests {
         g.template.shape.resources.insert("mem".into(), f64::NAN);
         check_rejected(
             vec![g],
-            "group GroupId(\"a\"): field `shape.resources.mem` is not a finite number (NaN)",
+            "group \"a\": field `shape.resources.mem` is not a finite number (NaN)",
         );
         let mut g = group("b", 1);
         g.template
