@@ -196,7 +196,7 @@ impl Future for HangFuture<'_> {
     }
 }
 
-fn silence_scripted_panics() {
+pub(crate) fn silence_scripted_panics() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         let previous = std::panic::take_hook();

@@ -5,6 +5,14 @@
 //! - [`Battery`] runs many seeded traces in both modes, replays regressions
 //!   first, shrinks failures and checks vacuity. [`Battery::level1`] is the
 //!   kit's own Level 1 (the in-memory [`FakeSubstrate`]).
+//! - [`contract::run_contract_suite`] checks a
+//!   [`ProvisionPlugin`](provisioning_provider::ProvisionPlugin) against the
+//!   seam contract, a few calls at a time, with faults from the author's
+//!   optional [`ContractFaults`] hook. Start here if you wrote a plugin.
+//! - [`Battery::level2`] runs the battery through the real
+//!   [`PluginBackendAdapter`](provisioning_provider::PluginBackendAdapter)
+//!   over [`FakePlugin`] ([`PluginSubstrate`]), with
+//!   faults on every plugin method.
 //! - [`Substrate`] is what you implement to put your own provider under the
 //!   harness: the backend, fault scripting, work running, and an honest count
 //!   of live resources.
@@ -40,23 +48,29 @@
 //! collections — so a deterministic substrate replays a trace identically.
 
 pub mod battery;
+pub mod contract;
 pub mod driver_under_test;
 pub mod fake;
 pub mod generate;
 pub mod guarantee;
 pub mod harness;
 mod oracle;
+pub mod plugin_fake;
+pub mod plugin_substrate;
 pub mod prng;
 pub mod shrink;
 pub mod substrate;
 pub mod trace;
 
 pub use battery::{Battery, BatteryReport, Evaluation, Failure, Regression};
+pub use contract::{ContractFaults, ContractReport, ContractSubject, run_contract_suite};
 pub use driver_under_test::DriverUnderTest;
 pub use fake::{Defect, FakeBackend, FakeSubstrate};
 pub use generate::{GeneratorConfig, generate};
 pub use guarantee::{GuaranteeId, Phase, Violation};
 pub use harness::{DriverSetup, Mode, RunOptions, RunOutcome, Vacuity, cluster_driver, run_trace};
+pub use plugin_fake::{FakePlugin, PluginDefect};
+pub use plugin_substrate::{PluginSubstrate, ScriptablePlugin};
 pub use prng::SplitMix64;
 pub use substrate::{CallRecord, Capabilities, LiveResources, Substrate};
 pub use trace::{Input, Trace};

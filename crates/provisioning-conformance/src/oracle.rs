@@ -946,6 +946,29 @@ pub(crate) fn g04_call_was_recorded(
     })
 }
 
+/// G04: no call of an attempt starts after a newer operation of that attempt
+/// started — by then the driver has moved on, so the older one is an effect
+/// nobody has pending. (A call of a timed-out operation may still start, but
+/// only before the operation that replaces it.) `newest` holds the newest
+/// operation started per attempt.
+pub(crate) fn g04_no_call_after_a_newer_one(
+    call: &CallRecord,
+    newest: &mut BTreeMap<NodeAttemptId, provisioning::OperationId>,
+) -> Verdict {
+    let attempt = call.op.attempt();
+    if let Some(newer) = newest.get(&attempt).filter(|newer| **newer > call.op) {
+        return Err(breach(
+            GuaranteeId::RecordBeforeDispatch,
+            format!(
+                "the backend started {} {} for {} after the newer {} of its attempt had started: the driver had moved on from it",
+                call.kind, call.op, call.node, newer
+            ),
+        ));
+    }
+    newest.insert(attempt, call.op);
+    Ok(())
+}
+
 /// G05: no two calls of one attempt in flight at the backend at once.
 pub(crate) fn g05_one_call_per_attempt(call: &CallRecord) -> Verdict {
     ensure(call.overlapping == 0, GuaranteeId::SingleFlight, || {
@@ -1058,4 +1081,41 @@ pub(crate) fn describe_node(id: &LogicalNodeId, node: &ManagedNode) -> String {
         text.push_str(&format!(" ambiguous {} {}", ambiguous.kind, ambiguous.op));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provisioning::id::OperationSequence;
+    use provisioning::{EffectKind, GroupId, OperationId};
+
+    fn call(attempt: u64, sequence: u32) -> CallRecord {
+        CallRecord {
+            op: OperationId::new(
+                NodeAttemptId::from_raw(attempt),
+                OperationSequence::from_raw(sequence),
+            ),
+            node: LogicalNodeId::new(GroupId::new("a"), 0),
+            kind: EffectKind::CreateLease,
+            overlapping: 0,
+        }
+    }
+
+    #[test]
+    fn a_call_starting_after_a_newer_operation_of_its_attempt_breaks_g04() {
+        let mut newest = BTreeMap::new();
+        assert!(g04_no_call_after_a_newer_one(&call(1, 1), &mut newest).is_ok());
+        assert!(g04_no_call_after_a_newer_one(&call(1, 3), &mut newest).is_ok());
+        assert!(g04_no_call_after_a_newer_one(&call(2, 1), &mut newest).is_ok());
+        assert!(
+            g04_no_call_after_a_newer_one(&call(1, 3), &mut newest).is_ok(),
+            "the same operation again (an adoption re-issue) is fine"
+        );
+        let stale = g04_no_call_after_a_newer_one(&call(1, 2), &mut newest);
+        let breach = stale.err().map(|b| (b.guarantee, b.detail));
+        assert!(
+            matches!(&breach, Some((GuaranteeId::RecordBeforeDispatch, d)) if d.contains("a1/op2") && d.contains("a1/op3")),
+            "{breach:?}"
+        );
+    }
 }

@@ -12,6 +12,103 @@
 //!
 //! A plugin depends on this crate and on `provisioning` for the identity and
 //! spec types; it never needs the driver.
+//!
+//! # Writing a plugin
+//!
+//! Key everything on the [`AttemptKey`], look before you create, and say
+//! [`PluginError::Ambiguous`] whenever a call may have acted. A complete
+//! (in-memory) plugin:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use std::sync::Mutex;
+//!
+//! use async_trait::async_trait;
+//! use provisioning::effect::SessionHandle;
+//! use provisioning::{Endpoint, EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
+//! use provisioning_provider::{
+//!     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, PluginError,
+//!     ProvisionPlugin,
+//! };
+//!
+//! #[derive(Default)]
+//! struct MemoryPlugin {
+//!     /// Live nodes and, when bootstrapping, their session.
+//!     nodes: Mutex<BTreeMap<AttemptKey, Option<SessionHandle>>>,
+//! }
+//!
+//! fn lease_of(key: &AttemptKey) -> LeaseHandle {
+//!     LeaseHandle(format!("memory:{key}"))
+//! }
+//!
+//! #[async_trait]
+//! impl ProvisionPlugin for MemoryPlugin {
+//!     fn kind(&self) -> &str {
+//!         "memory"
+//!     }
+//!
+//!     async fn create_node(&self, key: &AttemptKey, _spec: &LogicalNodeSpec)
+//!         -> Result<NodeLease, PluginError> {
+//!         let mut nodes = self.nodes.lock().unwrap();
+//!         // Look first: a second create for the key adopts.
+//!         let adopted = nodes.contains_key(key);
+//!         nodes.entry(key.clone()).or_insert(None);
+//!         Ok(NodeLease { lease: lease_of(key), endpoint: None, adopted })
+//!     }
+//!
+//!     async fn lookup_endpoint(&self, key: &AttemptKey, _lease: &LeaseHandle)
+//!         -> Result<EndpointLookup, PluginError> {
+//!         match self.nodes.lock().unwrap().contains_key(key) {
+//!             true => Ok(EndpointLookup::Ready(Endpoint(format!("memory://{key}")))),
+//!             false => Err(PluginError::not_found(key)),
+//!         }
+//!     }
+//!
+//!     async fn start_bootstrap(&self, key: &AttemptKey, _request: &BootstrapRequest)
+//!         -> Result<BootstrapSession, PluginError> {
+//!         let mut nodes = self.nodes.lock().unwrap();
+//!         let session = nodes.get_mut(key).ok_or_else(|| PluginError::not_found(key))?;
+//!         let adopted = session.is_some();
+//!         let handle = session.get_or_insert_with(|| SessionHandle(format!("boot:{key}")));
+//!         // A real plugin reports stages, the join and `Closed` through its sink.
+//!         Ok(BootstrapSession { session: handle.clone(), adopted })
+//!     }
+//!
+//!     async fn complete_bootstrap(&self, key: &AttemptKey, _session: Option<&SessionHandle>)
+//!         -> Result<(), PluginError> {
+//!         match self.nodes.lock().unwrap().get_mut(key) {
+//!             Some(session) => { *session = None; Ok(()) }
+//!             None => Err(PluginError::not_found(key)),
+//!         }
+//!     }
+//!
+//!     async fn cancel_bootstrap(&self, key: &AttemptKey, _session: Option<&SessionHandle>)
+//!         -> Result<(), PluginError> {
+//!         if let Some(session) = self.nodes.lock().unwrap().get_mut(key) {
+//!             *session = None;
+//!         }
+//!         Ok(()) // absent counts as success
+//!     }
+//!
+//!     async fn destroy_node(&self, key: &AttemptKey, _lease: &LeaseHandle)
+//!         -> Result<(), PluginError> {
+//!         self.nodes.lock().unwrap().remove(key);
+//!         Ok(()) // absent counts as success
+//!     }
+//!
+//!     async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
+//!         let nodes = self.nodes.lock().unwrap();
+//!         Ok(nodes.keys().filter(|k| k.run_id == *run)
+//!             .map(|key| ListedNode { key: key.clone(), lease: lease_of(key) })
+//!             .collect())
+//!     }
+//! }
+//! # let _ = MemoryPlugin::default();
+//! ```
+//!
+//! Then prove it keeps the contract with the conformance kit
+//! (`provisioning_conformance::contract::run_contract_suite`); the guide in
+//! `docs/providers.md` shows both steps.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -135,12 +232,34 @@ pub struct ListedNode {
 ///   `start_bootstrap` first look for an existing resource of their key and
 ///   adopt it; they create only when none exists. Calling them twice for one
 ///   key therefore creates at most one resource.
-/// - [`PluginError::Definite`] means the call left nothing behind for its key;
-///   when unsure, return [`PluginError::Ambiguous`].
-/// - `cancel_bootstrap` and `destroy_node` of something absent succeed (or
-///   return [`PluginError::NotFound`], which the adapter treats as success).
+/// - [`PluginError::Definite`] means the call left nothing behind for its key
+///   and changed nothing; when unsure, return [`PluginError::Ambiguous`]. A
+///   definite error must never hide an existing resource: a create that fails
+///   after finding the key's node adopts it instead (or is ambiguous).
+/// - [`PluginError::NotFound`] means the *node* of the key is gone. On
+///   `cancel_bootstrap` and `destroy_node` the adapter treats it as success;
+///   on `lookup_endpoint`, `start_bootstrap` and `complete_bootstrap` it
+///   reports the attempt lost ([`LossCause::LeaseGone`]), which ends it. So a
+///   session that merely ended is not "not found": completing or cancelling it
+///   again succeeds.
 /// - Methods may be called concurrently for different keys; for one key, the
-///   executor runs at most one call at a time.
+///   executor runs at most one call at a time. A call may also be abandoned
+///   (its future dropped) after a timeout, and later re-issued: the re-issue
+///   must adopt whatever the abandoned call made.
+/// - A panic inside a call becomes a definite error of that call, so a plugin
+///   must not panic after acting.
+///
+/// # Guarantees the host gives
+/// [`ProvisionPlugin::attach`] is called once, before any other call, by
+/// [`PluginBackendAdapter`]. Results of calls for an attempt the driver has
+/// moved past are discarded, and facts reported for superseded attempts are
+/// dropped at the sink; a plugin need not track supersession itself.
+///
+/// # Checking an implementation
+/// The conformance kit's contract suite
+/// (`provisioning_conformance::contract::run_contract_suite`) checks each of
+/// these promises against a plugin; its Level 2 battery runs a whole cluster
+/// through this trait with faults on every method.
 #[async_trait]
 pub trait ProvisionPlugin: Send + Sync + 'static {
     /// The provider kind this plugin serves (`provider = "..."` in a shape).
@@ -153,13 +272,23 @@ pub trait ProvisionPlugin: Send + Sync + 'static {
     }
 
     /// Creates the node of `key`, or adopts the existing one.
+    ///
+    /// # Errors
+    /// Definite when the provider refused and nothing exists for the key;
+    /// ambiguous when a node may have been made (a timeout, a lost reply) —
+    /// the driver re-issues the same call, which must then adopt it.
     async fn create_node(
         &self,
         key: &AttemptKey,
         spec: &LogicalNodeSpec,
     ) -> Result<NodeLease, PluginError>;
 
-    /// Where the node can be reached; `NotReady` until it can.
+    /// Where the node can be reached; `NotReady` until it can ("not ready" is
+    /// a normal answer, not a failure).
+    ///
+    /// # Errors
+    /// Not found when the node is gone (the attempt is then lost); definite
+    /// or ambiguous for a failed lookup, which the driver retries.
     async fn lookup_endpoint(
         &self,
         key: &AttemptKey,
@@ -168,6 +297,11 @@ pub trait ProvisionPlugin: Send + Sync + 'static {
 
     /// Starts the bootstrap session of `key`, or adopts the running one.
     /// Stages are reported through the sink as they happen.
+    ///
+    /// # Errors
+    /// Definite when no session runs for the key and none was started (the
+    /// attempt fails and is replaced); ambiguous when one may have started —
+    /// the re-issue must adopt it; not found when the node is gone.
     async fn start_bootstrap(
         &self,
         key: &AttemptKey,
@@ -175,7 +309,11 @@ pub trait ProvisionPlugin: Send + Sync + 'static {
     ) -> Result<BootstrapSession, PluginError>;
 
     /// Tells the session that the agent joined; the plugin then closes it
-    /// (reporting [`BootstrapEvent::Closed`]).
+    /// (reporting [`BootstrapEvent::Closed`]). Completing a session that
+    /// already ended succeeds.
+    ///
+    /// # Errors
+    /// Not found only when the node itself is gone.
     async fn complete_bootstrap(
         &self,
         key: &AttemptKey,
@@ -183,16 +321,29 @@ pub trait ProvisionPlugin: Send + Sync + 'static {
     ) -> Result<(), PluginError>;
 
     /// Stops the bootstrap session; absent counts as success.
+    ///
+    /// # Errors
+    /// Definite when the session certainly still runs; ambiguous when it
+    /// may. The driver retries after a backoff, keeping its facts meanwhile.
     async fn cancel_bootstrap(
         &self,
         key: &AttemptKey,
         session: Option<&SessionHandle>,
     ) -> Result<(), PluginError>;
 
-    /// Destroys the node; absent counts as success.
+    /// Destroys the node (and any session of it); absent counts as success.
+    ///
+    /// # Errors
+    /// Definite when the node certainly still exists; ambiguous when it may.
+    /// The driver retries after a backoff until the node is confirmed gone.
     async fn destroy_node(&self, key: &AttemptKey, lease: &LeaseHandle) -> Result<(), PluginError>;
 
-    /// Every resource this plugin manages for `run`.
+    /// Every node this plugin manages for `run`, each once, with the lease
+    /// `create_node` returned for it: for adoption after a restart and for
+    /// leak checks.
+    ///
+    /// # Errors
+    /// When the provider cannot be asked; a partial list is never returned.
     async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError>;
 }
 
@@ -304,6 +455,19 @@ impl ObservationSink {
 
 /// An [`EffectBackend`] over one or more plugins, routed by the provider
 /// kind named in each operation's spec.
+///
+/// # Guarantees
+/// - Before every call it tells the sink which attempt of the slot is in use,
+///   so facts of older attempts are dropped from then on.
+/// - Each effect maps to one plugin method: create → `create_node`, lookup →
+///   `lookup_endpoint`, start → `start_bootstrap`, convergence observed →
+///   `complete_bootstrap`, cancel → `cancel_bootstrap`, destroy →
+///   `destroy_node`. Definite and ambiguous errors keep their disposition.
+/// - [`PluginError::NotFound`] on cancel or destroy is success. On lookup,
+///   start or complete it reports the attempt lost
+///   ([`LossCause::LeaseGone`]) through the sink and fails definitely. On
+///   create it fails definitely.
+/// - An operation whose provider kind no plugin serves fails definitely.
 pub struct PluginBackendAdapter {
     plugins: BTreeMap<String, Arc<dyn ProvisionPlugin>>,
     sink: ObservationSink,
@@ -315,6 +479,17 @@ impl fmt::Debug for PluginBackendAdapter {
             .field("providers", &self.plugins.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
+}
+
+/// A plugin could not list its nodes.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("provider {kind:?} could not list its nodes: {source}")]
+pub struct ListError {
+    /// The provider kind of the plugin that failed.
+    pub kind: String,
+    /// Its error.
+    #[source]
+    pub source: PluginError,
 }
 
 /// Building an adapter failed.
@@ -369,6 +544,24 @@ impl PluginBackendAdapter {
     /// The sink the plugins report to.
     pub fn sink(&self) -> &ObservationSink {
         &self.sink
+    }
+
+    /// Every node the plugins manage for `run`, sorted by key: what a host
+    /// compares with its state to find leaks or nodes to adopt.
+    ///
+    /// # Errors
+    /// The first plugin's error, naming its kind; no partial list.
+    pub async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, ListError> {
+        let mut nodes = Vec::new();
+        for (kind, plugin) in &self.plugins {
+            let listed = plugin.list_nodes(run).await.map_err(|source| ListError {
+                kind: kind.clone(),
+                source,
+            })?;
+            nodes.extend(listed);
+        }
+        nodes.sort();
+        Ok(nodes)
     }
 
     async fn run(&self, operation: &Operation) -> Result<EffectOutput, EffectError> {

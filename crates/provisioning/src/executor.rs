@@ -335,6 +335,12 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
                 Some(gate)
             }
             None => {
+                // An older operation still recorded as waiting (its gate open,
+                // its task not yet run) timed out straight at the driver, which
+                // then moved on: it must never reach the backend after this one.
+                if entry.waiting.take().is_some() {
+                    counters.skipped += 1;
+                }
                 entry.running = Some(Running {
                     print,
                     expired: false,

@@ -4,10 +4,17 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use common::*;
-use provisioning::effect::Operation;
+use provisioning::effect::{EffectRequest, Operation};
+use provisioning::executor::{EffectBackend, Submitted};
+use provisioning::id::OperationSequence;
+use provisioning::spawn::BoxFuture;
 use provisioning::{
-    BootstrapEvent, ClusterDriver, EffectError, EffectKind, Intent, NodeStage, Timestamp,
+    BootstrapEvent, ClusterDriver, EffectError, EffectKind, EffectOutput, IdempotentEffectExecutor,
+    Intent, LogicalNodeSpec, ManualSpawner, NodeAttemptId, NodeStage, OperationId, RunId, RunOrder,
+    Timestamp,
 };
 
 fn drive(d: &mut ClusterDriver, sink: &mut RecordingSink, now: Timestamp) -> Vec<Operation> {
@@ -175,4 +182,90 @@ fn a_lost_convergence_report_after_the_handoff_only_clears_the_pending_operation
     assert_eq!(managed.retry.next_effect_at, None);
     assert!(d.is_converged());
     assert_eq!(d.requeue_at(), None, "converged means no requeue");
+}
+
+/// A backend that answers every call at once and remembers which ran.
+#[derive(Default)]
+struct CallLog {
+    calls: Mutex<Vec<OperationId>>,
+}
+
+impl EffectBackend for CallLog {
+    fn execute<'a>(
+        &'a self,
+        op: &'a Operation,
+    ) -> BoxFuture<'a, Result<EffectOutput, EffectError>> {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(op.id);
+        Box::pin(async move { success(op).outcome })
+    }
+}
+
+fn create_op(sequence: u32) -> Operation {
+    let spec = LogicalNodeSpec::new(node("g-0"), RunId::new(RUN), Arc::new(template("a")));
+    Operation {
+        id: OperationId::new(
+            NodeAttemptId::from_raw(1),
+            OperationSequence::from_raw(sequence),
+        ),
+        run_id: RunId::new(RUN),
+        node: node("g-0"),
+        spec,
+        request: EffectRequest::CreateLease,
+    }
+}
+
+/// Kit finding (G08 no double-create, Levels 1 and 2, seed
+/// 0x890765095591ecaf at 6000 seeds), shrunk trace:
+/// `script create-lease definite; tick 1000ms; tick 120000ms; tick 30000ms;
+/// run one 0; tick 30000ms; desire drift a image; run lifo`.
+///
+/// A create waited behind an expired one; the expired one ended (its gate
+/// opened) before the waiting one's task ran, and the waiting one then timed
+/// out straight at the driver (SPEC §5 allows both timeout paths), so the
+/// executor still held it as waiting. The driver's next create started at
+/// once — and the stale one ran after it. There, the newer create failed
+/// definitely, the deleting node was marked destroyed, and the stale create
+/// made a lease nobody tracked: a leak, then a second live attempt of the slot.
+#[test]
+fn an_operation_left_waiting_after_a_timeout_at_the_driver_never_runs_after_a_newer_one() {
+    let spawner = ManualSpawner::new();
+    let executor =
+        IdempotentEffectExecutor::new(Arc::new(CallLog::default()), Arc::new(spawner.clone()));
+    assert_eq!(executor.submit(create_op(1)), Ok(Submitted::Started));
+    assert!(executor.expire(create_op(1).id).is_some());
+    assert_eq!(executor.submit(create_op(2)), Ok(Submitted::Queued));
+    // Only the expired operation's task runs: it never reaches the backend,
+    // and its end opens the gate of the waiting one.
+    assert!(spawner.run_one(RunOrder::Fifo));
+    assert!(
+        executor
+            .backend()
+            .calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    );
+
+    // The driver times operation 2 out by itself and issues operation 3.
+    assert_eq!(executor.submit(create_op(3)), Ok(Submitted::Started));
+    spawner.run_all(RunOrder::Lifo);
+
+    let calls = executor
+        .backend()
+        .calls
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(
+        calls,
+        [create_op(3).id],
+        "the stale operation 2 must not run"
+    );
+    let reported: Vec<OperationId> = executor.take_results().iter().map(|r| r.op).collect();
+    assert_eq!(reported, [create_op(3).id]);
+    assert_eq!(executor.counters().skipped, 2);
+    assert!(!executor.has_work());
 }

@@ -1,7 +1,7 @@
 //! The host loop: inputs, settling, deliveries and the per-step checks.
 
 use std::cell::Cell;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use provisioning::driver::{DriverError, NodeError};
@@ -58,6 +58,7 @@ impl<'p, S: Substrate> Harness<'p, S> {
             history: VecDeque::new(),
             timed_out: BTreeSet::new(),
             ever_pending: BTreeSet::new(),
+            newest_call: BTreeMap::new(),
             highest_attempt: None,
             highest_generation: None,
             cleanup_failed: BTreeSet::new(),
@@ -406,15 +407,17 @@ impl<'p, S: Substrate> Harness<'p, S> {
             return Err(self.violation(breach(GuaranteeId::NoDoubleCreate, alarm)));
         }
         for call in self.substrate.take_calls() {
-            let verdict = oracle::g05_one_call_per_attempt(&call).and_then(|()| {
-                oracle::g04_call_was_recorded(
-                    &call,
-                    self.driver.state(),
-                    &self.timed_out,
-                    &self.ever_pending,
-                    self.strict_calls,
-                )
-            });
+            let verdict = oracle::g05_one_call_per_attempt(&call)
+                .and_then(|()| {
+                    oracle::g04_call_was_recorded(
+                        &call,
+                        self.driver.state(),
+                        &self.timed_out,
+                        &self.ever_pending,
+                        self.strict_calls,
+                    )
+                })
+                .and_then(|()| oracle::g04_no_call_after_a_newer_one(&call, &mut self.newest_call));
             self.check(verdict)?;
             self.calls.push(call);
         }

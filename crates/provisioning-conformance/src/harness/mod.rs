@@ -331,6 +331,7 @@ struct Harness<'p, S: Substrate> {
     history: VecDeque<Delivery>,
     timed_out: BTreeSet<OperationId>,
     ever_pending: BTreeSet<OperationId>,
+    newest_call: BTreeMap<NodeAttemptId, OperationId>,
     highest_attempt: Option<NodeAttemptId>,
     highest_generation: Option<u64>,
     cleanup_failed: BTreeSet<NodeAttemptId>,

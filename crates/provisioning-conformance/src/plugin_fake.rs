@@ -1,0 +1,1232 @@
+//! [`FakePlugin`]: an honest in-memory [`ProvisionPlugin`] with scriptable
+//! faults on every method, for Level 2 and for the contract suite's own tests.
+//!
+//! It keeps a real ledger of leases and bootstrap sessions per
+//! [`AttemptKey`], so counts of creations and live resources are the truth,
+//! not the driver's belief. Its honest semantics:
+//!
+//! - `create_node` and `start_bootstrap` adopt a live resource of their key
+//!   before creating one;
+//! - a definite failure (and a panic) leaves nothing behind for its key — so a
+//!   scripted definite fault of a call that would adopt adopts instead, as a
+//!   plugin that looks first would;
+//! - `cancel_bootstrap` and `destroy_node` of something absent succeed: for
+//!   odd attempts with `Ok(())`, for even attempts with
+//!   [`PluginError::NotFound`], so that both answers the seam allows are taken;
+//! - `lookup_endpoint`, `start_bootstrap` and `complete_bootstrap` of a node
+//!   that is gone answer [`PluginError::NotFound`];
+//! - every third attempt knows its endpoint at creation; the others need a lookup;
+//! - facts (bootstrap events, losses) go through the attached
+//!   [`ObservationSink`], only when the harness asks: [`FakePlugin::stream`],
+//!   [`FakePlugin::lose`], [`FakePlugin::fair_progress`], and the `Closed`
+//!   event that ends a session when its bootstrap is completed.
+//!
+//! # Faults
+//! [`FakePlugin::script`] queues a [`Fault`] for the next call of one method
+//! (or of any method). Every method can be faulted, `list_nodes` included:
+//!
+//! | Fault | Effect |
+//! |---|---|
+//! | `definite` | fails definitely without acting (adopts instead when the call would adopt) |
+//! | `ambiguous-done` | acts, then fails ambiguously (a lost reply) |
+//! | `ambiguous-undone` | fails ambiguously without acting (a timeout) |
+//! | `panic` | panics before acting (adopts instead when the call would adopt) |
+//! | `hang` | waits until [`FakePlugin::release_oldest_hang`], then acts |
+//! | `not-ready` | `lookup_endpoint` of a live node answers "not ready yet" |
+//! | `succeed` | acts normally (uses up the script) |
+//!
+//! [`PluginDefect`]s make the plugin deliberately dishonest, to show that the
+//! contract suite and the battery notice.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use async_trait::async_trait;
+use provisioning::effect::SessionHandle;
+use provisioning::observe::{BootstrapEvent, LossCause};
+use provisioning::spawn::BoxFuture;
+use provisioning::{
+    Endpoint, EndpointLookup, LeaseHandle, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, RunId,
+};
+use provisioning_provider::{
+    AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
+    PluginError, ProvisionPlugin,
+};
+
+use crate::contract::{ContractFaults, ContractSubject, PluginMethod};
+use crate::fake::{MAX_SCRIPTED_FAULTS, SCRIPTED_PANIC_MESSAGE, silence_scripted_panics};
+use crate::harness::PROVIDER_KIND;
+use crate::substrate::{LiveResources, ResourceKey, SubstrateCounters};
+use crate::trace::{Fault, StreamEvent};
+
+/// The run a [`FakePlugin::contract_subject`] serves.
+pub const CONTRACT_RUN: &str = "contract";
+
+/// A deliberate dishonesty of the [`FakePlugin`]. Never enable one for real
+/// validation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PluginDefect {
+    /// `create_node` makes a new node on every call instead of adopting.
+    CreateIgnoresExisting,
+    /// `destroy_node` reports success but keeps the node.
+    DestroyKeepsResource,
+    /// A scripted definite fault strikes after the work is done, so a
+    /// "definite" failure leaves a resource behind.
+    DefiniteAfterWork,
+    /// A lost node is reported under the newest attempt of its slot instead
+    /// of its own.
+    LossReportedUnderLatestAttempt,
+    /// `cancel_bootstrap` and `destroy_node` of something absent fail definitely.
+    CleanupOfAbsentFails,
+    /// A lost node disappears without a word to the sink.
+    LossNotReported,
+}
+
+/// Counts of scripted faults applied, per method and fault, shared between
+/// plugins (so a whole battery can be asked whether faults reached every method).
+#[derive(Clone, Debug, Default)]
+pub struct FaultCoverage {
+    counts: Arc<Mutex<BTreeMap<(PluginMethod, Fault), u64>>>,
+}
+
+impl FaultCoverage {
+    /// An empty count.
+    pub fn new() -> Self {
+        FaultCoverage::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<(PluginMethod, Fault), u64>> {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn record(&self, method: PluginMethod, fault: Fault) {
+        *self.lock().entry((method, fault)).or_insert(0) += 1;
+    }
+
+    /// How often `fault` was applied to a call of `method`.
+    pub fn count(&self, method: PluginMethod, fault: Fault) -> u64 {
+        self.lock().get(&(method, fault)).copied().unwrap_or(0)
+    }
+
+    /// The pairs of `wanted` that were never applied.
+    pub fn missing(
+        &self,
+        wanted: impl IntoIterator<Item = (PluginMethod, Fault)>,
+    ) -> Vec<(PluginMethod, Fault)> {
+        let counts = self.lock();
+        wanted
+            .into_iter()
+            .filter(|pair| counts.get(pair).is_none_or(|n| *n == 0))
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug)]
+struct FakeSession {
+    handle: SessionHandle,
+    joined: bool,
+}
+
+#[derive(Debug, Default)]
+struct HangSlot {
+    released: bool,
+    waker: Option<Waker>,
+}
+
+/// A fact to report once the ledger is unlocked.
+enum Fact {
+    Bootstrap(AttemptKey, BootstrapEvent),
+    Lost(AttemptKey, LossCause),
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    leases: BTreeMap<AttemptKey, Vec<LeaseHandle>>,
+    sessions: BTreeMap<AttemptKey, FakeSession>,
+    lease_owners: BTreeMap<LeaseHandle, AttemptKey>,
+    session_owners: BTreeMap<SessionHandle, AttemptKey>,
+    newest: BTreeMap<(RunId, LogicalNodeId), NodeAttemptId>,
+    serial: u64,
+    scripts: VecDeque<(Option<PluginMethod>, Fault)>,
+    faults_stopped: bool,
+    hangs: BTreeMap<u64, HangSlot>,
+    next_hang: u64,
+    alarms: Vec<String>,
+    counters: SubstrateCounters,
+}
+
+impl Ledger {
+    fn next_serial(&mut self) -> u64 {
+        self.serial += 1;
+        self.serial
+    }
+
+    fn live_lease(&self, key: &AttemptKey) -> Option<&LeaseHandle> {
+        self.leases.get(key).and_then(|leases| leases.first())
+    }
+
+    fn holds_lease(&self, key: &AttemptKey, lease: &LeaseHandle) -> bool {
+        self.leases.get(key).is_some_and(|l| l.contains(lease))
+    }
+
+    /// Raises an alarm when `key` is about to get a resource while it, or
+    /// another attempt of its slot, already holds one (G08).
+    fn watch_creation(&mut self, key: &AttemptKey, what: &str) {
+        let same_slot = |k: &AttemptKey| k.run_id == key.run_id && k.node == key.node;
+        let holders: BTreeSet<NodeAttemptId> = self
+            .leases
+            .iter()
+            .filter(|(k, leases)| same_slot(k) && !leases.is_empty())
+            .map(|(k, _)| k.attempt)
+            .chain(
+                self.sessions
+                    .keys()
+                    .filter(|k| same_slot(k) && k.attempt != key.attempt)
+                    .map(|k| k.attempt),
+            )
+            .collect();
+        let same_key = match what {
+            "lease" => self.live_lease(key).is_some(),
+            _ => self.sessions.contains_key(key),
+        };
+        if same_key || holders.iter().any(|a| *a != key.attempt) {
+            let names: Vec<String> = holders.iter().map(ToString::to_string).collect();
+            self.alarms.push(format!(
+                "the plugin created a {what} for {key} while the slot held live resources of attempts [{}]",
+                names.join(", ")
+            ));
+        }
+    }
+
+    fn note_newest(&mut self, key: &AttemptKey) {
+        let entry = self
+            .newest
+            .entry((key.run_id.clone(), key.node.clone()))
+            .or_insert(key.attempt);
+        if *entry < key.attempt {
+            *entry = key.attempt;
+        }
+    }
+
+    fn take_script(&mut self, method: PluginMethod) -> Option<Fault> {
+        let applies =
+            |fault: Fault| fault != Fault::NotReady || method == PluginMethod::LookupEndpoint;
+        let position = self
+            .scripts
+            .iter()
+            .position(|(target, fault)| *target == Some(method) && applies(*fault))
+            .or_else(|| {
+                self.scripts
+                    .iter()
+                    .position(|(target, fault)| target.is_none() && applies(*fault))
+            })?;
+        let (_, fault) = self.scripts.remove(position)?;
+        self.counters.faults_applied += 1;
+        Some(fault)
+    }
+}
+
+/// The in-memory plugin of Level 2. See the [module docs](self).
+pub struct FakePlugin {
+    kind: String,
+    ledger: Mutex<Ledger>,
+    sink: Mutex<Option<ObservationSink>>,
+    defects: BTreeSet<PluginDefect>,
+    coverage: Option<FaultCoverage>,
+}
+
+impl fmt::Debug for FakePlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakePlugin")
+            .field("kind", &self.kind)
+            .field("defects", &self.defects)
+            .field("live", &self.live_resources().to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for FakePlugin {
+    fn default() -> Self {
+        FakePlugin::new()
+    }
+}
+
+struct HangFuture<'a> {
+    plugin: &'a FakePlugin,
+    id: u64,
+}
+
+impl Future for HangFuture<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut ledger = self.plugin.lock();
+        match ledger.hangs.get_mut(&self.id) {
+            Some(slot) if !slot.released => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            _ => {
+                ledger.hangs.remove(&self.id);
+                Poll::Ready(())
+            }
+        }
+    }
+}
+
+fn endpoint_of(lease: &LeaseHandle) -> Endpoint {
+    Endpoint(format!("endpoint-of-{}", lease.0))
+}
+
+/// Every third attempt knows its endpoint at creation, so both paths of the
+/// ladder (lookup and no lookup) are taken.
+fn endpoint_at_creation(key: &AttemptKey, lease: &LeaseHandle) -> Option<Endpoint> {
+    (key.attempt.get() % 3 == 0).then(|| endpoint_of(lease))
+}
+
+fn resource_key(key: &AttemptKey) -> ResourceKey {
+    (key.node.clone(), key.attempt)
+}
+
+impl FakePlugin {
+    /// An honest plugin serving provider kind `fake` (the harness's kind).
+    pub fn new() -> Self {
+        FakePlugin::with_defects([])
+    }
+
+    /// A plugin with deliberate defects (see [`PluginDefect`]).
+    ///
+    /// Like [`crate::FakeBackend`], the first one installs a panic hook that
+    /// keeps scripted panics out of the test output.
+    pub fn with_defects(defects: impl IntoIterator<Item = PluginDefect>) -> Self {
+        silence_scripted_panics();
+        FakePlugin {
+            kind: PROVIDER_KIND.to_owned(),
+            ledger: Mutex::new(Ledger::default()),
+            sink: Mutex::new(None),
+            defects: defects.into_iter().collect(),
+            coverage: None,
+        }
+    }
+
+    /// Serves provider kind `kind` instead.
+    pub fn with_kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = kind.into();
+        self
+    }
+
+    /// Also counts the faults applied into `coverage`.
+    pub fn with_coverage(mut self, coverage: FaultCoverage) -> Self {
+        self.coverage = Some(coverage);
+        self
+    }
+
+    /// This plugin as the contract suite's subject, serving run
+    /// [`CONTRACT_RUN`], with itself as the fault hook.
+    pub fn contract_subject(self) -> ContractSubject {
+        let plugin = Arc::new(self);
+        ContractSubject::new(plugin.clone(), RunId::new(CONTRACT_RUN)).with_faults(plugin)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn has(&self, defect: PluginDefect) -> bool {
+        self.defects.contains(&defect)
+    }
+
+    /// Queues `fault` for the next call of `method` (any method when `None`).
+    /// Returns `false` when it cannot apply (`not-ready` to anything but a
+    /// lookup), when [`FakePlugin::stop_faults`] was called, or when
+    /// [`MAX_SCRIPTED_FAULTS`] are already waiting.
+    pub fn script(&self, method: Option<PluginMethod>, fault: Fault) -> bool {
+        let mut ledger = self.lock();
+        let applicable =
+            fault != Fault::NotReady || method.is_none_or(|m| m == PluginMethod::LookupEndpoint);
+        if !applicable || ledger.faults_stopped || ledger.scripts.len() >= MAX_SCRIPTED_FAULTS {
+            return false;
+        }
+        ledger.scripts.push_back((method, fault));
+        true
+    }
+
+    /// Drops every queued fault and accepts no more.
+    pub fn stop_faults(&self) {
+        let mut ledger = self.lock();
+        ledger.scripts.clear();
+        ledger.faults_stopped = true;
+    }
+
+    /// Lets the oldest hung call go on. Returns whether one was hung.
+    pub fn release_oldest_hang(&self) -> bool {
+        let mut ledger = self.lock();
+        let Some(slot) = ledger.hangs.values_mut().find(|slot| !slot.released) else {
+            return false;
+        };
+        slot.released = true;
+        if let Some(waker) = slot.waker.take() {
+            waker.wake();
+        }
+        true
+    }
+
+    /// Lets every hung call go on. Returns how many were hung.
+    pub fn release_all_hangs(&self) -> usize {
+        let mut ledger = self.lock();
+        let mut released = 0;
+        for slot in ledger.hangs.values_mut().filter(|slot| !slot.released) {
+            slot.released = true;
+            if let Some(waker) = slot.waker.take() {
+                waker.wake();
+            }
+            released += 1;
+        }
+        released
+    }
+
+    /// Calls hung right now.
+    pub fn hung_calls(&self) -> usize {
+        self.lock().hangs.values().filter(|s| !s.released).count()
+    }
+
+    /// Makes the `index`-th live session (modulo their number, in key order)
+    /// report `event`; `closed` and failures end the session. Returns the
+    /// session's key, or `None` when no session is live.
+    pub fn stream(&self, index: u32, event: StreamEvent) -> Option<AttemptKey> {
+        let (key, event) = {
+            let mut ledger = self.lock();
+            let count = ledger.sessions.len();
+            if count == 0 {
+                return None;
+            }
+            let key = ledger.sessions.keys().nth(index as usize % count)?.clone();
+            let event = match event {
+                StreamEvent::Progress(stage) => BootstrapEvent::Progress(stage),
+                StreamEvent::Converged => BootstrapEvent::Converged,
+                StreamEvent::Joined => {
+                    if let Some(session) = ledger.sessions.get_mut(&key) {
+                        session.joined = true;
+                    }
+                    BootstrapEvent::Joined
+                }
+                StreamEvent::Closed => {
+                    ledger.sessions.remove(&key);
+                    BootstrapEvent::Closed
+                }
+                StreamEvent::Failed(failure) => {
+                    ledger.sessions.remove(&key);
+                    BootstrapEvent::Failed {
+                        failure,
+                        detail: "scripted stream failure".to_owned(),
+                    }
+                }
+            };
+            (key, event)
+        };
+        self.emit(vec![Fact::Bootstrap(key.clone(), event)]);
+        Some(key)
+    }
+
+    /// Makes the node of `key` lose its agent (its session ends) or its lease
+    /// (everything of the key goes), and reports the loss. Returns whether
+    /// anything was lost.
+    pub fn lose(&self, key: &AttemptKey, cause: LossCause) -> bool {
+        let reported = {
+            let mut ledger = self.lock();
+            let had_lease = ledger.live_lease(key).is_some();
+            let had_session = ledger.sessions.remove(key).is_some();
+            if cause == LossCause::LeaseGone {
+                ledger.leases.remove(key);
+            }
+            if !(had_lease || had_session) {
+                return false;
+            }
+            let mut reported = key.clone();
+            if self.has(PluginDefect::LossReportedUnderLatestAttempt) {
+                if let Some(newest) = ledger.newest.get(&(key.run_id.clone(), key.node.clone())) {
+                    reported.attempt = *newest;
+                }
+            }
+            reported
+        };
+        if !self.has(PluginDefect::LossNotReported) {
+            self.emit(vec![Fact::Lost(reported, cause)]);
+        }
+        true
+    }
+
+    /// Lets every live session whose agent has not joined yet join, and
+    /// reports the joins. Returns how many joined.
+    pub fn fair_progress(&self) -> usize {
+        let joined: Vec<AttemptKey> = {
+            let mut ledger = self.lock();
+            let mut joined = Vec::new();
+            for (key, session) in ledger.sessions.iter_mut().filter(|(_, s)| !s.joined) {
+                session.joined = true;
+                joined.push(key.clone());
+            }
+            joined
+        };
+        let count = joined.len();
+        self.emit(
+            joined
+                .into_iter()
+                .map(|key| Fact::Bootstrap(key, BootstrapEvent::Joined))
+                .collect(),
+        );
+        count
+    }
+
+    /// The leases and sessions that are live right now, per key (every run).
+    pub fn live_resources(&self) -> LiveResources {
+        let ledger = self.lock();
+        let leases = ledger
+            .leases
+            .iter()
+            .filter(|(_, leases)| !leases.is_empty())
+            .map(|(key, leases)| {
+                (
+                    resource_key(key),
+                    u32::try_from(leases.len()).unwrap_or(u32::MAX),
+                )
+            })
+            .collect();
+        let sessions = ledger
+            .sessions
+            .keys()
+            .map(|key| (resource_key(key), 1))
+            .collect();
+        LiveResources { leases, sessions }
+    }
+
+    /// Live leases of `key`.
+    pub fn live_leases(&self, key: &AttemptKey) -> usize {
+        self.lock().leases.get(key).map_or(0, Vec::len)
+    }
+
+    /// G08 breaches seen since the last call.
+    pub fn take_alarms(&self) -> Vec<String> {
+        std::mem::take(&mut self.lock().alarms)
+    }
+
+    /// The key a lease was issued for.
+    pub fn lease_owner(&self, lease: &LeaseHandle) -> Option<AttemptKey> {
+        self.lock().lease_owners.get(lease).cloned()
+    }
+
+    /// The key a session was issued for.
+    pub fn session_owner(&self, session: &SessionHandle) -> Option<AttemptKey> {
+        self.lock().session_owners.get(session).cloned()
+    }
+
+    /// Creations, adoptions, hangs and faults applied so far.
+    pub fn counters(&self) -> SubstrateCounters {
+        self.lock().counters
+    }
+
+    /// Hung calls and unused scripts, for reports.
+    pub fn describe(&self) -> String {
+        let ledger = self.lock();
+        let hung = ledger.hangs.values().filter(|s| !s.released).count();
+        format!(
+            "{hung} hung plugin call(s), {} scripted fault(s) unused",
+            ledger.scripts.len()
+        )
+    }
+
+    fn emit(&self, facts: Vec<Fact>) {
+        let sink = self
+            .sink
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(sink) = sink else {
+            return;
+        };
+        for fact in facts {
+            match fact {
+                Fact::Bootstrap(key, event) => {
+                    sink.bootstrap(&key, event);
+                }
+                Fact::Lost(key, cause) => {
+                    sink.lost(&key, cause);
+                }
+            }
+        }
+    }
+
+    /// Takes the scripted fault of a call, and parks it when it hangs.
+    fn begin(&self, method: PluginMethod) -> (Fault, Option<u64>) {
+        let mut ledger = self.lock();
+        let Some(fault) = ledger.take_script(method) else {
+            return (Fault::Succeed, None);
+        };
+        if let Some(coverage) = &self.coverage {
+            coverage.record(method, fault);
+        }
+        if fault != Fault::Hang {
+            return (fault, None);
+        }
+        let id = ledger.next_hang;
+        ledger.next_hang += 1;
+        ledger.hangs.insert(id, HangSlot::default());
+        ledger.counters.hangs += 1;
+        (fault, Some(id))
+    }
+
+    /// Whether `method` for `key` would adopt what exists instead of creating.
+    fn would_adopt(&self, ledger: &Ledger, method: PluginMethod, key: Option<&AttemptKey>) -> bool {
+        let Some(key) = key else {
+            return false;
+        };
+        match method {
+            PluginMethod::CreateNode => {
+                !self.has(PluginDefect::CreateIgnoresExisting) && ledger.live_lease(key).is_some()
+            }
+            PluginMethod::StartBootstrap => ledger.sessions.contains_key(key),
+            _ => false,
+        }
+    }
+
+    /// One plugin call: takes its scripted fault, hangs if asked, then does
+    /// (or does not do) the work `perform` describes. `perform` gets whether
+    /// a lookup must answer "not ready".
+    async fn call<T, P>(
+        &self,
+        method: PluginMethod,
+        key: Option<&AttemptKey>,
+        perform: P,
+    ) -> Result<T, PluginError>
+    where
+        T: Send,
+        P: FnOnce(&mut Ledger, &mut Vec<Fact>, bool) -> Result<T, PluginError> + Send,
+    {
+        let (fault, hang) = self.begin(method);
+        if let Some(id) = hang {
+            HangFuture { plugin: self, id }.await;
+        }
+        let mut facts = Vec::new();
+        let outcome = {
+            let mut ledger = self.lock();
+            let adopts = self.would_adopt(&ledger, method, key);
+            match fault {
+                Fault::Succeed | Fault::Hang => perform(&mut ledger, &mut facts, false),
+                Fault::NotReady => perform(&mut ledger, &mut facts, true),
+                Fault::Definite | Fault::Panic if adopts => perform(&mut ledger, &mut facts, false),
+                Fault::Definite if self.has(PluginDefect::DefiniteAfterWork) => {
+                    perform(&mut ledger, &mut facts, false).and_then(|_| {
+                        Err(PluginError::definite(format!(
+                            "scripted definite failure of {method} (after the work: defect)"
+                        )))
+                    })
+                }
+                Fault::Definite => Err(PluginError::definite(format!(
+                    "scripted definite failure of {method}"
+                ))),
+                Fault::Panic => {
+                    drop(ledger);
+                    std::panic::panic_any(SCRIPTED_PANIC_MESSAGE);
+                }
+                Fault::AmbiguousDone => perform(&mut ledger, &mut facts, false).and_then(|_| {
+                    Err(PluginError::ambiguous(format!(
+                        "scripted lost reply of {method} after the work"
+                    )))
+                }),
+                Fault::AmbiguousUndone => Err(PluginError::ambiguous(format!(
+                    "scripted ambiguous failure of {method}"
+                ))),
+            }
+        };
+        self.emit(facts);
+        outcome
+    }
+
+    /// The answer to cleaning up something absent.
+    fn absent(&self, key: &AttemptKey, what: &str) -> Result<(), PluginError> {
+        if self.has(PluginDefect::CleanupOfAbsentFails) {
+            return Err(PluginError::definite(format!(
+                "no {what} of {key} to clean up (defect)"
+            )));
+        }
+        if key.attempt.get() % 2 == 0 {
+            Err(PluginError::not_found(format!("no {what} of {key}")))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn create(&self, ledger: &mut Ledger, key: &AttemptKey) -> NodeLease {
+        if !self.has(PluginDefect::CreateIgnoresExisting) {
+            if let Some(lease) = ledger.live_lease(key).cloned() {
+                ledger.counters.adoptions += 1;
+                return NodeLease {
+                    endpoint: endpoint_at_creation(key, &lease),
+                    lease,
+                    adopted: true,
+                };
+            }
+        }
+        ledger.watch_creation(key, "lease");
+        let serial = ledger.next_serial();
+        let lease = LeaseHandle(format!(
+            "plugin-lease-{}-{}-{}-{serial}",
+            key.run_id, key.node, key.attempt
+        ));
+        ledger
+            .leases
+            .entry(key.clone())
+            .or_default()
+            .push(lease.clone());
+        ledger.lease_owners.insert(lease.clone(), key.clone());
+        ledger.note_newest(key);
+        ledger.counters.creations += 1;
+        NodeLease {
+            endpoint: endpoint_at_creation(key, &lease),
+            lease,
+            adopted: false,
+        }
+    }
+
+    fn start(
+        ledger: &mut Ledger,
+        key: &AttemptKey,
+        lease: &LeaseHandle,
+    ) -> Result<BootstrapSession, PluginError> {
+        if !ledger.holds_lease(key, lease) {
+            return Err(PluginError::not_found(format!(
+                "the node {} of {key} is gone",
+                lease.0
+            )));
+        }
+        if let Some(session) = ledger.sessions.get(key) {
+            let session = session.handle.clone();
+            ledger.counters.adoptions += 1;
+            return Ok(BootstrapSession {
+                session,
+                adopted: true,
+            });
+        }
+        ledger.watch_creation(key, "session");
+        let serial = ledger.next_serial();
+        let session = SessionHandle(format!(
+            "plugin-session-{}-{}-{}-{serial}",
+            key.run_id, key.node, key.attempt
+        ));
+        ledger.sessions.insert(
+            key.clone(),
+            FakeSession {
+                handle: session.clone(),
+                joined: false,
+            },
+        );
+        ledger.session_owners.insert(session.clone(), key.clone());
+        ledger.counters.creations += 1;
+        Ok(BootstrapSession {
+            session,
+            adopted: false,
+        })
+    }
+}
+
+#[async_trait]
+impl ProvisionPlugin for FakePlugin {
+    fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    fn attach(&self, sink: ObservationSink) {
+        *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink);
+    }
+
+    async fn create_node(
+        &self,
+        key: &AttemptKey,
+        _spec: &LogicalNodeSpec,
+    ) -> Result<NodeLease, PluginError> {
+        self.call(PluginMethod::CreateNode, Some(key), |ledger, _, _| {
+            Ok(self.create(ledger, key))
+        })
+        .await
+    }
+
+    async fn lookup_endpoint(
+        &self,
+        key: &AttemptKey,
+        lease: &LeaseHandle,
+    ) -> Result<EndpointLookup, PluginError> {
+        self.call(
+            PluginMethod::LookupEndpoint,
+            Some(key),
+            |ledger, _, not_ready| {
+                if !ledger.holds_lease(key, lease) {
+                    return Err(PluginError::not_found(format!(
+                        "the node {} of {key} is gone",
+                        lease.0
+                    )));
+                }
+                Ok(if not_ready {
+                    EndpointLookup::NotReady
+                } else {
+                    EndpointLookup::Ready(endpoint_of(lease))
+                })
+            },
+        )
+        .await
+    }
+
+    async fn start_bootstrap(
+        &self,
+        key: &AttemptKey,
+        request: &BootstrapRequest,
+    ) -> Result<BootstrapSession, PluginError> {
+        self.call(PluginMethod::StartBootstrap, Some(key), |ledger, _, _| {
+            FakePlugin::start(ledger, key, &request.lease)
+        })
+        .await
+    }
+
+    async fn complete_bootstrap(
+        &self,
+        key: &AttemptKey,
+        _session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError> {
+        self.call(
+            PluginMethod::CompleteBootstrap,
+            Some(key),
+            |ledger, facts, _| {
+                if ledger.sessions.remove(key).is_some() {
+                    // Told that the agent joined, the plugin finishes the session.
+                    facts.push(Fact::Bootstrap(key.clone(), BootstrapEvent::Closed));
+                    Ok(())
+                } else if ledger.live_lease(key).is_some() {
+                    // Already finished: completing again changes nothing.
+                    Ok(())
+                } else {
+                    Err(PluginError::not_found(format!("the node of {key} is gone")))
+                }
+            },
+        )
+        .await
+    }
+
+    async fn cancel_bootstrap(
+        &self,
+        key: &AttemptKey,
+        _session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError> {
+        self.call(PluginMethod::CancelBootstrap, Some(key), |ledger, _, _| {
+            if ledger.sessions.remove(key).is_some() {
+                Ok(())
+            } else {
+                self.absent(key, "bootstrap session")
+            }
+        })
+        .await
+    }
+
+    async fn destroy_node(
+        &self,
+        key: &AttemptKey,
+        _lease: &LeaseHandle,
+    ) -> Result<(), PluginError> {
+        self.call(PluginMethod::DestroyNode, Some(key), |ledger, _, _| {
+            if ledger.live_lease(key).is_none() {
+                ledger.sessions.remove(key);
+                return self.absent(key, "node");
+            }
+            if !self.has(PluginDefect::DestroyKeepsResource) {
+                ledger.leases.remove(key);
+                ledger.sessions.remove(key);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
+        self.call(PluginMethod::ListNodes, None, |ledger, _, _| {
+            Ok(ledger
+                .leases
+                .iter()
+                .filter(|(key, _)| key.run_id == *run)
+                .flat_map(|(key, leases)| {
+                    leases.iter().map(|lease| ListedNode {
+                        key: key.clone(),
+                        lease: lease.clone(),
+                    })
+                })
+                .collect())
+        })
+        .await
+    }
+}
+
+impl ContractFaults for FakePlugin {
+    fn inject(&self, method: PluginMethod, fault: Fault) -> bool {
+        self.script(Some(method), fault)
+    }
+
+    fn lose_node<'a>(&'a self, key: &'a AttemptKey) -> BoxFuture<'a, bool> {
+        Box::pin(std::future::ready(self.lose(key, LossCause::LeaseGone)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::complete_without_runtime;
+    use provisioning::{GroupId, NodeTemplate, Observation};
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    type Seen = Arc<Mutex<Vec<Observation>>>;
+
+    fn key(attempt: u64) -> AttemptKey {
+        AttemptKey {
+            run_id: RunId::new(CONTRACT_RUN),
+            node: LogicalNodeId::new(GroupId::new("a"), 0),
+            attempt: NodeAttemptId::from_raw(attempt),
+        }
+    }
+
+    fn spec(key: &AttemptKey) -> LogicalNodeSpec {
+        let template = NodeTemplate {
+            role: "r".into(),
+            provider: PROVIDER_KIND.into(),
+            shape: Default::default(),
+            boot: Default::default(),
+            swarm_join: Default::default(),
+        };
+        LogicalNodeSpec::new(key.node.clone(), key.run_id.clone(), Arc::new(template))
+    }
+
+    fn now<T>(future: impl Future<Output = T>) -> T {
+        match complete_without_runtime(future) {
+            Some(output) => output,
+            None => panic!("an unhung fake plugin call waited"),
+        }
+    }
+
+    /// The inputs of one call, owned so that a hung call can borrow them.
+    struct Call {
+        method: PluginMethod,
+        key: AttemptKey,
+        spec: LogicalNodeSpec,
+        request: BootstrapRequest,
+    }
+
+    impl Call {
+        fn new(method: PluginMethod, lease: &LeaseHandle) -> Self {
+            let key = key(1);
+            let spec = spec(&key);
+            let request = BootstrapRequest {
+                spec: spec.clone(),
+                lease: lease.clone(),
+                endpoint: endpoint_of(lease),
+            };
+            Call {
+                method,
+                key,
+                spec,
+                request,
+            }
+        }
+
+        fn on<'a>(&'a self, plugin: &'a FakePlugin) -> BoxFuture<'a, Result<(), PluginError>> {
+            let (key, lease) = (&self.key, &self.request.lease);
+            match self.method {
+                PluginMethod::CreateNode => {
+                    Box::pin(async move { plugin.create_node(key, &self.spec).await.map(|_| ()) })
+                }
+                PluginMethod::LookupEndpoint => {
+                    Box::pin(async move { plugin.lookup_endpoint(key, lease).await.map(|_| ()) })
+                }
+                PluginMethod::StartBootstrap => {
+                    Box::pin(
+                        async move { plugin.start_bootstrap(key, &self.request).await.map(|_| ()) },
+                    )
+                }
+                PluginMethod::CompleteBootstrap => plugin.complete_bootstrap(key, None),
+                PluginMethod::CancelBootstrap => plugin.cancel_bootstrap(key, None),
+                PluginMethod::DestroyNode => plugin.destroy_node(key, lease),
+                PluginMethod::ListNodes => {
+                    Box::pin(async move { plugin.list_nodes(&key.run_id).await.map(|_| ()) })
+                }
+            }
+        }
+    }
+
+    /// A plugin reporting into `Seen`, holding what a call of `method` needs:
+    /// nothing for a create, a node for a lookup, start or list, a node and a
+    /// session for the rest.
+    fn prepared(method: PluginMethod) -> (FakePlugin, LeaseHandle, Seen) {
+        let plugin = FakePlugin::new();
+        let seen: Seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        plugin.attach(ObservationSink::new(move |o| {
+            record
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(o);
+        }));
+        let k = key(1);
+        if method == PluginMethod::CreateNode {
+            return (plugin, LeaseHandle("not-yet".into()), seen);
+        }
+        let lease = now(plugin.create_node(&k, &spec(&k)));
+        let lease = lease.unwrap_or_else(|e| panic!("{e}")).lease;
+        let with_session = matches!(
+            method,
+            PluginMethod::CompleteBootstrap
+                | PluginMethod::CancelBootstrap
+                | PluginMethod::DestroyNode
+        );
+        if with_session {
+            let start = Call::new(PluginMethod::StartBootstrap, &lease);
+            now(start.on(&plugin)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        (plugin, lease, seen)
+    }
+
+    /// The ledger after a call: what is live and how much was ever created.
+    fn ledger(plugin: &FakePlugin) -> (LiveResources, u64) {
+        (plugin.live_resources(), plugin.counters().creations)
+    }
+
+    fn disposition(outcome: &Result<(), PluginError>) -> &'static str {
+        match outcome {
+            Ok(()) => "ok",
+            Err(PluginError::Definite(_)) => "definite",
+            Err(PluginError::Ambiguous(_)) => "ambiguous",
+            Err(PluginError::NotFound(_)) => "not-found",
+        }
+    }
+
+    /// Scripts `fault` on a prepared call of `method` and checks the answer
+    /// and whether the work happened (compared with an unfaulted call).
+    fn check(method: PluginMethod, fault: Fault, answer: &str, work_done: bool) {
+        let (plugin, lease, _) = prepared(method);
+        let before = ledger(&plugin);
+        let call = Call::new(method, &lease);
+        let normal = {
+            let (reference, reference_lease, _) = prepared(method);
+            let _ = now(Call::new(method, &reference_lease).on(&reference));
+            ledger(&reference)
+        };
+        assert!(plugin.script(Some(method), fault), "{method} {fault:?}");
+        let outcome = catch_unwind(AssertUnwindSafe(|| now(call.on(&plugin))));
+        let shown = outcome.as_ref().map_or("panic", disposition);
+        assert_eq!(shown, answer, "{method} under {}", fault.name());
+        let expected = if work_done { normal } else { before };
+        assert_eq!(
+            ledger(&plugin),
+            expected,
+            "{method} under {}: work done should be {work_done}",
+            fault.name()
+        );
+    }
+
+    #[test]
+    fn every_method_takes_every_fault_as_documented() {
+        for method in PluginMethod::ALL {
+            check(method, Fault::Definite, "definite", false);
+            check(method, Fault::AmbiguousUndone, "ambiguous", false);
+            check(method, Fault::AmbiguousDone, "ambiguous", true);
+            check(method, Fault::Panic, "panic", false);
+            check(method, Fault::Succeed, "ok", true);
+        }
+        check(PluginMethod::LookupEndpoint, Fault::NotReady, "ok", true);
+    }
+
+    #[test]
+    fn a_hung_call_of_any_method_acts_only_once_released() {
+        for method in PluginMethod::ALL {
+            let (plugin, lease, _) = prepared(method);
+            let before = ledger(&plugin);
+            assert!(plugin.script(Some(method), Fault::Hang));
+            let call = Call::new(method, &lease);
+            let mut future = call.on(&plugin);
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(future.as_mut().poll(&mut cx).is_pending(), "{method}");
+            assert_eq!(ledger(&plugin), before, "{method} acted while hung");
+            assert_eq!(plugin.hung_calls(), 1);
+            assert!(plugin.describe().contains("1 hung plugin call"));
+            assert!(plugin.release_oldest_hang());
+            assert!(!plugin.release_oldest_hang());
+            let outcome = future.as_mut().poll(&mut cx);
+            assert!(
+                matches!(outcome, Poll::Ready(Ok(()))),
+                "{method}: {outcome:?}"
+            );
+            assert_eq!(plugin.counters().hangs, 1);
+        }
+    }
+
+    #[test]
+    fn a_definite_fault_or_a_panic_on_a_call_that_would_adopt_adopts_instead() {
+        for fault in [Fault::Definite, Fault::Panic] {
+            let (plugin, lease, _) = prepared(PluginMethod::DestroyNode);
+            let k = key(1);
+            assert!(plugin.script(None, fault));
+            let again = now(plugin.create_node(&k, &spec(&k)));
+            assert!(
+                matches!(&again, Ok(n) if n.adopted && n.lease == lease),
+                "{again:?}"
+            );
+            assert!(plugin.script(Some(PluginMethod::StartBootstrap), fault));
+            let start = now(Call::new(PluginMethod::StartBootstrap, &lease).on(&plugin));
+            assert_eq!(start, Ok(()));
+            assert_eq!(plugin.counters().creations, 2, "one lease, one session");
+            assert_eq!(plugin.counters().adoptions, 2);
+        }
+    }
+
+    #[test]
+    fn cleanup_of_absent_things_succeeds_with_ok_for_odd_and_not_found_for_even_attempts() {
+        let plugin = FakePlugin::new();
+        let gone = LeaseHandle("gone".into());
+        for (attempt, expected) in [(1, "ok"), (2, "not-found"), (3, "ok")] {
+            let k = key(attempt);
+            assert_eq!(
+                disposition(&now(plugin.cancel_bootstrap(&k, None))),
+                expected
+            );
+            assert_eq!(disposition(&now(plugin.destroy_node(&k, &gone))), expected);
+        }
+        let broken = FakePlugin::with_defects([PluginDefect::CleanupOfAbsentFails]);
+        assert_eq!(
+            disposition(&now(broken.destroy_node(&key(1), &gone))),
+            "definite"
+        );
+    }
+
+    #[test]
+    fn calls_that_need_a_gone_node_answer_not_found() {
+        let plugin = FakePlugin::new();
+        let gone = LeaseHandle("gone".into());
+        for method in [
+            PluginMethod::LookupEndpoint,
+            PluginMethod::StartBootstrap,
+            PluginMethod::CompleteBootstrap,
+        ] {
+            let outcome = now(Call::new(method, &gone).on(&plugin));
+            assert_eq!(disposition(&outcome), "not-found", "{method}");
+        }
+    }
+
+    #[test]
+    fn facts_reach_the_sink_only_when_asked_and_completing_closes_the_session() {
+        let (plugin, lease, seen) = prepared(PluginMethod::CompleteBootstrap);
+        let k = key(1);
+        assert!(
+            seen.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty()
+        );
+        assert_eq!(plugin.fair_progress(), 1);
+        assert_eq!(plugin.fair_progress(), 0, "joins once");
+        assert_eq!(plugin.stream(5, StreamEvent::Converged), Some(k.clone()));
+        assert_eq!(now(plugin.complete_bootstrap(&k, None)), Ok(()));
+        assert_eq!(
+            now(plugin.complete_bootstrap(&k, None)),
+            Ok(()),
+            "again: no-op"
+        );
+        assert_eq!(
+            plugin.stream(0, StreamEvent::Joined),
+            None,
+            "no live session"
+        );
+        assert!(plugin.lose(&k, LossCause::LeaseGone));
+        assert!(!plugin.lose(&k, LossCause::LeaseGone));
+        assert!(plugin.live_resources().is_empty());
+        let events: Vec<String> = seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|o| format!("{o:?}"))
+            .collect();
+        assert_eq!(events.len(), 4, "{events:?}");
+        assert!(events[0].contains("Joined") && events[1].contains("Converged"));
+        assert!(events[2].contains("Closed") && events[3].contains("LeaseGone"));
+        assert_eq!(plugin.lease_owner(&lease), Some(k));
+    }
+
+    #[test]
+    fn every_third_attempt_knows_its_endpoint_at_creation() {
+        let plugin = FakePlugin::new();
+        let known: Vec<bool> = (1..=6)
+            .map(|attempt| {
+                let k = key(attempt);
+                let created = now(plugin.create_node(&k, &spec(&k)));
+                created.is_ok_and(|n| n.endpoint.is_some())
+            })
+            .collect();
+        assert_eq!(known, [false, false, true, false, false, true]);
+        assert_eq!(
+            plugin.take_alarms().len(),
+            5,
+            "six attempts of one slot live at once"
+        );
+    }
+
+    #[test]
+    fn scripts_are_bounded_prefer_their_method_and_stop_and_coverage_counts_them() {
+        let coverage = FaultCoverage::new();
+        let plugin = FakePlugin::new().with_coverage(coverage.clone());
+        let k = key(1);
+        assert!(!plugin.script(Some(PluginMethod::CreateNode), Fault::NotReady));
+        assert!(plugin.script(None, Fault::AmbiguousUndone));
+        assert!(plugin.script(Some(PluginMethod::CreateNode), Fault::Definite));
+        let first = now(plugin.create_node(&k, &spec(&k)));
+        assert!(matches!(first, Err(PluginError::Definite(_))), "{first:?}");
+        let second = now(plugin.create_node(&k, &spec(&k)));
+        assert!(
+            matches!(second, Err(PluginError::Ambiguous(_))),
+            "{second:?}"
+        );
+        assert_eq!(coverage.count(PluginMethod::CreateNode, Fault::Definite), 1);
+        assert_eq!(
+            coverage.missing([
+                (PluginMethod::CreateNode, Fault::AmbiguousUndone),
+                (PluginMethod::DestroyNode, Fault::Hang)
+            ]),
+            [(PluginMethod::DestroyNode, Fault::Hang)]
+        );
+        for _ in 0..MAX_SCRIPTED_FAULTS {
+            assert!(plugin.script(None, Fault::Definite));
+        }
+        assert!(!plugin.script(None, Fault::Definite), "bounded");
+        plugin.stop_faults();
+        assert!(!plugin.script(None, Fault::Definite));
+        assert!(now(plugin.create_node(&k, &spec(&k))).is_ok());
+        assert!(plugin.describe().contains("0 scripted fault(s) unused"));
+    }
+
+    #[test]
+    fn defects_make_the_plugin_dishonest_as_documented() {
+        let k = key(1);
+        let creates_anew = FakePlugin::with_defects([PluginDefect::CreateIgnoresExisting]);
+        let _ = now(creates_anew.create_node(&k, &spec(&k)));
+        let again = now(creates_anew.create_node(&k, &spec(&k)));
+        assert!(matches!(again, Ok(n) if !n.adopted));
+        assert_eq!(creates_anew.live_leases(&k), 2);
+        assert_eq!(creates_anew.take_alarms().len(), 1);
+
+        let keeps = FakePlugin::with_defects([PluginDefect::DestroyKeepsResource]);
+        let lease = now(keeps.create_node(&k, &spec(&k))).map(|n| n.lease);
+        let lease = lease.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(now(keeps.destroy_node(&k, &lease)), Ok(()));
+        assert_eq!(keeps.live_leases(&k), 1);
+
+        let lies = FakePlugin::with_defects([PluginDefect::DefiniteAfterWork]);
+        assert!(lies.script(None, Fault::Definite));
+        let failed = now(lies.create_node(&k, &spec(&k)));
+        assert!(matches!(failed, Err(PluginError::Definite(_))));
+        assert_eq!(lies.live_leases(&k), 1);
+    }
+}
