@@ -7,8 +7,10 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use provisioning::RunId;
-use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig, RunSecret};
+use provisioning::{RetryPolicy, RunId};
+use provisioning_process::{
+    AgentCommand, ENDPOINT_PROBE_INTERVAL, ProcessPlugin, ProcessPluginConfig, RunSecret,
+};
 use provisioning_runtime::PluginEntry;
 
 /// The provider kinds this build serves.
@@ -44,7 +46,33 @@ pub(crate) async fn start_plugins(run_id: &RunId) -> anyhow::Result<Vec<PluginEn
     )])
 }
 
+/// The driver's policy for the providers this build serves: the core's
+/// defaults, except that endpoints are probed at the pace of local
+/// processes, which announce theirs within milliseconds.
+pub(crate) fn retry_policy() -> RetryPolicy {
+    RetryPolicy {
+        endpoint_probe_interval: ENDPOINT_PROBE_INTERVAL,
+        ..RetryPolicy::default()
+    }
+}
+
 /// Runs the node agent with the arguments that followed `agent`.
 pub(crate) fn agent_main(args: Vec<OsString>) -> ExitCode {
     provisioning_process::agent::main(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_local_policy_differs_from_the_core_defaults_only_in_its_probe_interval() {
+        let policy = retry_policy();
+        assert_eq!(policy.endpoint_probe_interval, ENDPOINT_PROBE_INTERVAL);
+        let with_default_probe = RetryPolicy {
+            endpoint_probe_interval: RetryPolicy::default().endpoint_probe_interval,
+            ..policy
+        };
+        assert_eq!(with_default_probe, RetryPolicy::default());
+    }
 }

@@ -72,6 +72,7 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
 
     let plugins = local::start_plugins(&source.run_id).await?;
     let mut config = HostConfig::new(source.run_id.clone());
+    config.policy = local::retry_policy();
     config.shutdown_deadline = options.shutdown_timeout;
     let host = Host::start(config, plugins)?;
     let handle = host.handle();

@@ -33,6 +33,6 @@ pub mod wire;
 
 pub use credential::{NodeCredential, RunSecret};
 pub use plugin::{
-    AgentCommand, DEFAULT_STOP_GRACE, PROVIDER_KIND, ProcessError, ProcessPlugin,
-    ProcessPluginConfig,
+    AgentCommand, DEFAULT_STOP_GRACE, ENDPOINT_PROBE_INTERVAL, PROVIDER_KIND, ProcessError,
+    ProcessPlugin, ProcessPluginConfig,
 };

@@ -41,6 +41,15 @@ pub const PROVIDER_KIND: &str = "process";
 /// The default grace between `SIGTERM` and `SIGKILL` when a node is destroyed.
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(2);
 
+/// How long a reconciler serving this plugin should wait before probing
+/// again for an endpoint that was not ready.
+///
+/// An agent announces its port a few milliseconds after it was spawned, and
+/// a probe is a table lookup in this process. The core's default interval
+/// (one second, sized for remote providers whose probes are API calls)
+/// would make every local node idle for most of a second after its create.
+pub const ENDPOINT_PROBE_INTERVAL: Duration = Duration::from_millis(20);
+
 /// How long `start_bootstrap` waits for the agent to take the boot order.
 /// Past it the call is ambiguous; the session goes on and a retry adopts it.
 const HANDSHAKE_WAIT_MAX: Duration = Duration::from_secs(10);
