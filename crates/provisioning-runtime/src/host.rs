@@ -362,6 +362,11 @@ impl HostHandle {
 
     /// Snapshots as the host publishes them (after every wake that changed
     /// something), for live displays.
+    ///
+    /// # Caveats
+    /// A borrowed snapshot (`borrow()`, or the guard `wait_for` returns) holds
+    /// the channel's lock: the host waits for it at its next publish. Clone
+    /// what you need and drop the guard before awaiting anything else.
     pub fn subscribe(&self) -> watch::Receiver<StatusSnapshot> {
         self.progress.clone()
     }
