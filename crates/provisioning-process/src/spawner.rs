@@ -19,7 +19,27 @@ const SPAWN_QUEUE_MAX: usize = 64;
 
 struct SpawnRequest {
     command: std::process::Command,
-    reply: oneshot::Sender<io::Result<Child>>,
+    reply: oneshot::Sender<io::Result<UnclaimedChild>>,
+}
+
+/// A freshly spawned agent on its way to the caller. Until the caller claims
+/// it, dropping it kills the agent: a caller that gave up (its future was
+/// dropped) after the reply was sent must not leave an untracked process.
+struct UnclaimedChild(Option<Child>);
+
+impl UnclaimedChild {
+    fn claim(mut self) -> Option<Child> {
+        self.0.take()
+    }
+}
+
+impl Drop for UnclaimedChild {
+    fn drop(&mut self) {
+        if let Some(orphan) = self.0.as_mut() {
+            tracing::warn!(pid = ?orphan.id(), "killing an agent nobody waits for");
+            let _ = orphan.start_kill();
+        }
+    }
 }
 
 /// The handle to the spawner thread. Dropping it ends the thread.
@@ -39,12 +59,11 @@ impl Spawner {
                 for request in queue {
                     let mut command = tokio::process::Command::from(request.command);
                     command.kill_on_drop(false);
-                    if let Err(Ok(mut orphan)) = request.reply.send(command.spawn()) {
-                        // The caller gave up while the agent was starting: nobody
-                        // would ever track this process, so it must not live.
-                        tracing::warn!(pid = ?orphan.id(), "killing an agent nobody waits for");
-                        let _ = orphan.start_kill();
-                    }
+                    // When the caller already gave up, the reply comes back and
+                    // is dropped here, which kills the agent.
+                    let _ = request
+                        .reply
+                        .send(command.spawn().map(|child| UnclaimedChild(Some(child))));
                 }
             })?;
         Ok(Spawner { requests })
@@ -69,11 +88,14 @@ impl Spawner {
                     io::Error::new(io::ErrorKind::BrokenPipe, "the spawner thread is gone")
                 }
             })?;
-        answer.await.map_err(|_| {
+        let spawned = answer.await.map_err(|_| {
             io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the spawner thread stopped before answering",
             )
-        })?
+        })??;
+        spawned
+            .claim()
+            .ok_or_else(|| io::Error::other("the spawned agent was already claimed"))
     }
 }
