@@ -70,6 +70,7 @@ use provisioning_provider::{
     PluginError, ProvisionPlugin,
 };
 
+use crate::harness::panic_text;
 use crate::trace::Fault;
 
 /// How many times the suite asks for an endpoint before it gives up on a
@@ -496,16 +497,6 @@ pub fn complete_without_runtime<F: Future>(future: F) -> Option<F::Output> {
         }
     }
     None
-}
-
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        (*text).to_owned()
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "non-text panic payload".to_owned()
-    }
 }
 
 /// Returns `Pending` once (waking itself at once), then `Ready`: lets a

@@ -21,29 +21,27 @@
 //! [`Defect`]s turn the backend deliberately dishonest, to show that the
 //! oracle notices (mutation testing of the kit itself).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use provisioning::effect::{EffectRequest, LeaseHandle, SessionHandle};
 use provisioning::executor::EffectBackend;
 use provisioning::observe::{BootstrapEvent, LossCause};
-use provisioning::spawn::{BoxFuture, ManualSpawner, RunOrder, Spawner};
+use provisioning::spawn::{BoxFuture, ManualSpawner, Spawner};
 use provisioning::{
-    EffectError, EffectKind, EffectOutput, Endpoint, EndpointLookup, LogicalNodeId, NodeAttemptId,
+    EffectError, EffectKind, EffectOutput, EndpointLookup, LogicalNodeId, NodeAttemptId,
     Observation, Operation,
 };
+use provisioning_provider::{BootstrapSession, NodeLease};
 
+use crate::fake_support::{HangGate, Ledger, endpoint_of, silence_scripted_panics};
 use crate::substrate::{
     CallRecord, CallRecorder, Capabilities, LiveResources, ResourceKey, Substrate,
-    SubstrateCounters,
+    SubstrateCounters, run_manual_work,
 };
 use crate::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
 
-/// How many scripted faults may wait for a call; further scripts are dropped.
-pub const MAX_SCRIPTED_FAULTS: usize = 8;
+pub use crate::substrate::MAX_SCRIPTED_FAULTS;
 
 /// The payload of a scripted backend panic. The fake's panic hook keeps
 /// these out of the test output; every other panic is reported as usual.
@@ -61,155 +59,14 @@ pub enum Defect {
     DestroyKeepsResource,
 }
 
-#[derive(Clone, Debug)]
-struct FakeSession {
-    handle: SessionHandle,
-    joined: bool,
-}
-
-#[derive(Debug, Default)]
-struct HangSlot {
-    released: bool,
-    waker: Option<Waker>,
-}
-
-#[derive(Debug, Default)]
-struct Ledger {
-    leases: BTreeMap<ResourceKey, Vec<LeaseHandle>>,
-    sessions: BTreeMap<ResourceKey, FakeSession>,
-    lease_owners: BTreeMap<LeaseHandle, ResourceKey>,
-    session_owners: BTreeMap<SessionHandle, ResourceKey>,
-    serial: u64,
-    scripts: VecDeque<(FaultTarget, Fault)>,
-    faults_stopped: bool,
-    hangs: BTreeMap<u64, HangSlot>,
-    next_hang: u64,
-    observations: Vec<Observation>,
-    alarms: Vec<String>,
-    counters: SubstrateCounters,
-}
-
-impl Ledger {
-    fn next_serial(&mut self) -> u64 {
-        self.serial += 1;
-        self.serial
-    }
-
-    /// Raises an alarm when `key` is about to get a resource while it, or
-    /// another attempt of its slot, already holds one.
-    fn watch_creation(&mut self, key: &ResourceKey, what: &str) {
-        let (node, attempt) = key;
-        let holders: Vec<String> = self
-            .leases
-            .iter()
-            .filter(|((n, _), leases)| n == node && !leases.is_empty())
-            .map(|((_, a), _)| a.to_string())
-            .chain(
-                self.sessions
-                    .keys()
-                    .filter(|(n, a)| n == node && a != attempt)
-                    .map(|(_, a)| a.to_string()),
-            )
-            .collect();
-        let same_key = match what {
-            "lease" => self.live_lease(key).is_some(),
-            _ => self.sessions.contains_key(key),
-        };
-        let other_attempts = holders.iter().any(|a| *a != attempt.to_string());
-        if same_key || other_attempts {
-            self.alarms.push(format!(
-                "a {what} was created for {node}/{attempt} while the slot held live resources of attempts [{}]",
-                holders.join(", ")
-            ));
-        }
-    }
-
-    fn live_lease(&self, key: &ResourceKey) -> Option<&LeaseHandle> {
-        self.leases.get(key).and_then(|leases| leases.first())
-    }
-
-    fn take_script(&mut self, kind: EffectKind) -> Option<Fault> {
-        let position = self.scripts.iter().position(|(target, fault)| {
-            fault.applies_to(kind) && matches!(target, FaultTarget::Kind(k) if *k == kind)
-        });
-        let position = position.or_else(|| {
-            self.scripts
-                .iter()
-                .position(|(target, fault)| *target == FaultTarget::Any && fault.applies_to(kind))
-        })?;
-        let (_, fault) = self.scripts.remove(position)?;
-        self.counters.faults_applied += 1;
-        Some(fault)
-    }
-
-    fn report_lost(&mut self, key: &ResourceKey, cause: LossCause) {
-        self.observations.push(Observation::NodeLost {
-            node: key.0.clone(),
-            attempt: key.1,
-            cause,
-        });
-    }
-
-    fn report_bootstrap(&mut self, key: &ResourceKey, event: BootstrapEvent) {
-        self.observations.push(Observation::Bootstrap {
-            node: key.0.clone(),
-            attempt: key.1,
-            event,
-        });
-    }
-}
-
 /// The in-memory backend of Level 1. See the [module docs](self).
 #[derive(Debug)]
 pub struct FakeBackend {
-    ledger: Mutex<Ledger>,
+    ledger: Mutex<Ledger<ResourceKey, EffectKind>>,
+    hangs: HangGate,
+    observations: Mutex<Vec<Observation>>,
     calls: CallRecorder,
     defects: BTreeSet<Defect>,
-}
-
-/// What the backend decided when a call started.
-enum Plan {
-    Fault(Fault),
-    Normal,
-}
-
-struct HangFuture<'a> {
-    backend: &'a FakeBackend,
-    id: u64,
-}
-
-impl Future for HangFuture<'_> {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut ledger = self.backend.lock();
-        match ledger.hangs.get_mut(&self.id) {
-            Some(slot) if !slot.released => {
-                slot.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-            _ => {
-                ledger.hangs.remove(&self.id);
-                Poll::Ready(())
-            }
-        }
-    }
-}
-
-pub(crate) fn silence_scripted_panics() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let scripted = info
-                .payload()
-                .downcast_ref::<&str>()
-                .is_some_and(|text| *text == SCRIPTED_PANIC_MESSAGE);
-            if !scripted {
-                previous(info);
-            }
-        }));
-    });
 }
 
 impl FakeBackend {
@@ -227,12 +84,14 @@ impl FakeBackend {
         silence_scripted_panics();
         FakeBackend {
             ledger: Mutex::new(Ledger::default()),
+            hangs: HangGate::default(),
+            observations: Mutex::new(Vec::new()),
             calls: CallRecorder::new(),
             defects: defects.into_iter().collect(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Ledger> {
+    fn lock(&self) -> MutexGuard<'_, Ledger<ResourceKey, EffectKind>> {
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -240,42 +99,50 @@ impl FakeBackend {
         self.defects.contains(&defect)
     }
 
-    fn begin(&self, operation: &Operation) -> (Plan, Option<u64>) {
-        let mut ledger = self.lock();
-        let plan = match ledger.take_script(operation.kind()) {
-            Some(fault) => Plan::Fault(fault),
-            None => Plan::Normal,
-        };
-        let hang = match plan {
-            Plan::Fault(Fault::Hang) => {
-                let id = ledger.next_hang;
-                ledger.next_hang += 1;
-                ledger.hangs.insert(id, HangSlot::default());
-                ledger.counters.hangs += 1;
-                Some(id)
-            }
-            _ => None,
-        };
-        (plan, hang)
+    fn report(&self, observation: Observation) {
+        self.observations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(observation);
+    }
+
+    fn report_bootstrap(&self, (node, attempt): &ResourceKey, event: BootstrapEvent) {
+        self.report(Observation::Bootstrap {
+            node: node.clone(),
+            attempt: *attempt,
+            event,
+        });
+    }
+
+    fn report_lost(&self, (node, attempt): &ResourceKey, cause: LossCause) {
+        self.report(Observation::NodeLost {
+            node: node.clone(),
+            attempt: *attempt,
+            cause,
+        });
     }
 
     /// Whether a create or start of this operation would adopt something.
-    fn would_adopt(ledger: &Ledger, operation: &Operation) -> bool {
+    fn would_adopt(ledger: &Ledger<ResourceKey, EffectKind>, operation: &Operation) -> bool {
         let key = key_of(operation);
         match operation.kind() {
             EffectKind::CreateLease => ledger.live_lease(&key).is_some(),
-            EffectKind::StartBootstrap => ledger.sessions.contains_key(&key),
+            EffectKind::StartBootstrap => ledger.has_session(&key),
             _ => false,
         }
     }
 
-    fn finish(&self, operation: &Operation, plan: &Plan) -> Result<EffectOutput, EffectError> {
+    fn finish(
+        &self,
+        operation: &Operation,
+        fault: Option<Fault>,
+    ) -> Result<EffectOutput, EffectError> {
         let mut ledger = self.lock();
-        let fault = match plan {
-            Plan::Normal | Plan::Fault(Fault::Succeed | Fault::Hang) => {
+        let fault = match fault {
+            None | Some(Fault::Succeed | Fault::Hang) => {
                 return self.perform(&mut ledger, operation);
             }
-            Plan::Fault(fault) => *fault,
+            Some(fault) => fault,
         };
         match fault {
             Fault::NotReady => {
@@ -306,12 +173,12 @@ impl FakeBackend {
 
     fn perform(
         &self,
-        ledger: &mut Ledger,
+        ledger: &mut Ledger<ResourceKey, EffectKind>,
         operation: &Operation,
     ) -> Result<EffectOutput, EffectError> {
         let key = key_of(operation);
-        let lost = |ledger: &mut Ledger, cause| {
-            ledger.report_lost(&key, cause);
+        let lost = || {
+            self.report_lost(&key, LossCause::LeaseGone);
             Err(EffectError::definite(format!(
                 "not found: the lease of {}/{} is gone",
                 key.0, key.1
@@ -319,90 +186,45 @@ impl FakeBackend {
         };
         match &operation.request {
             EffectRequest::CreateLease => {
-                if let Some(lease) = ledger.live_lease(&key).cloned() {
-                    if !self.has(Defect::CreateIgnoresExisting) {
-                        ledger.counters.adoptions += 1;
-                        return Ok(EffectOutput::LeaseCreated {
-                            endpoint: endpoint_at_creation(&key, &lease),
-                            lease,
-                            adopted: true,
-                        });
-                    }
-                }
-                ledger.watch_creation(&key, "lease");
-                let serial = ledger.next_serial();
-                let lease = LeaseHandle(format!("lease-{}-{}-{serial}", key.0, key.1));
-                ledger
-                    .leases
-                    .entry(key.clone())
-                    .or_default()
-                    .push(lease.clone());
-                ledger.lease_owners.insert(lease.clone(), key.clone());
-                ledger.counters.creations += 1;
-                Ok(EffectOutput::LeaseCreated {
-                    endpoint: endpoint_at_creation(&key, &lease),
+                let adopt = !self.has(Defect::CreateIgnoresExisting);
+                let NodeLease {
                     lease,
-                    adopted: false,
+                    endpoint,
+                    adopted,
+                } = ledger.create_lease(&key, adopt);
+                Ok(EffectOutput::LeaseCreated {
+                    lease,
+                    endpoint,
+                    adopted,
                 })
             }
-            EffectRequest::LookupEndpoint { lease } => {
-                if ledger.leases.get(&key).is_some_and(|l| l.contains(lease)) {
-                    Ok(EffectOutput::Endpoint(EndpointLookup::Ready(endpoint_of(
-                        lease,
-                    ))))
-                } else {
-                    lost(ledger, LossCause::LeaseGone)
-                }
+            EffectRequest::LookupEndpoint { lease } if ledger.holds_lease(&key, lease) => Ok(
+                EffectOutput::Endpoint(EndpointLookup::Ready(endpoint_of(lease))),
+            ),
+            EffectRequest::StartBootstrap { lease, .. } if ledger.holds_lease(&key, lease) => {
+                let BootstrapSession { session, adopted } = ledger.start_session(&key);
+                Ok(EffectOutput::BootstrapStarted { session, adopted })
             }
-            EffectRequest::StartBootstrap { lease, .. } => {
-                if !ledger.leases.get(&key).is_some_and(|l| l.contains(lease)) {
-                    return lost(ledger, LossCause::LeaseGone);
-                }
-                if let Some(session) = ledger.sessions.get(&key) {
-                    let session = session.handle.clone();
-                    ledger.counters.adoptions += 1;
-                    return Ok(EffectOutput::BootstrapStarted {
-                        session,
-                        adopted: true,
-                    });
-                }
-                ledger.watch_creation(&key, "session");
-                let serial = ledger.next_serial();
-                let session = SessionHandle(format!("session-{}-{}-{serial}", key.0, key.1));
-                ledger.sessions.insert(
-                    key.clone(),
-                    FakeSession {
-                        handle: session.clone(),
-                        joined: false,
-                    },
-                );
-                ledger.session_owners.insert(session.clone(), key.clone());
-                ledger.counters.creations += 1;
-                Ok(EffectOutput::BootstrapStarted {
-                    session,
-                    adopted: false,
-                })
-            }
+            EffectRequest::LookupEndpoint { .. } | EffectRequest::StartBootstrap { .. } => lost(),
             EffectRequest::BootstrapConvergenceObserved { .. } => {
-                if ledger.sessions.remove(&key).is_some() {
+                if ledger.end_session(&key) {
                     // The provider finishes the session once told the agent joined.
-                    ledger.report_bootstrap(&key, BootstrapEvent::Closed);
+                    self.report_bootstrap(&key, BootstrapEvent::Closed);
                     Ok(EffectOutput::ConvergenceAcknowledged)
                 } else if ledger.live_lease(&key).is_some() {
                     // Already closed: finishing it again is a no-op.
                     Ok(EffectOutput::ConvergenceAcknowledged)
                 } else {
-                    lost(ledger, LossCause::LeaseGone)
+                    lost()
                 }
             }
             EffectRequest::CancelBootstrap { .. } => {
-                ledger.sessions.remove(&key);
+                ledger.end_session(&key);
                 Ok(EffectOutput::BootstrapCancelled)
             }
             EffectRequest::DestroyLease { .. } => {
                 if !self.has(Defect::DestroyKeepsResource) {
-                    ledger.leases.remove(&key);
-                    ledger.sessions.remove(&key);
+                    ledger.destroy(&key);
                 }
                 Ok(EffectOutput::LeaseDestroyed)
             }
@@ -416,16 +238,6 @@ impl Default for FakeBackend {
     }
 }
 
-fn endpoint_of(lease: &LeaseHandle) -> Endpoint {
-    Endpoint(format!("endpoint-of-{}", lease.0))
-}
-
-/// Some providers know the endpoint when the lease is made, others only
-/// later: every third attempt gets it at creation, so both paths are taken.
-fn endpoint_at_creation(key: &ResourceKey, lease: &LeaseHandle) -> Option<Endpoint> {
-    (key.1.get() % 3 == 0).then(|| endpoint_of(lease))
-}
-
 fn key_of(operation: &Operation) -> ResourceKey {
     (operation.node.clone(), operation.attempt())
 }
@@ -437,11 +249,12 @@ impl EffectBackend for FakeBackend {
     ) -> BoxFuture<'a, Result<EffectOutput, EffectError>> {
         Box::pin(async move {
             let _in_flight = self.calls.start(operation);
-            let (plan, hang) = self.begin(operation);
-            if let Some(id) = hang {
-                HangFuture { backend: self, id }.await;
+            let kind = operation.kind();
+            let fault = self.lock().take_script(kind, |f| f.applies_to(kind));
+            if fault == Some(Fault::Hang) {
+                self.hangs.park().await;
             }
-            self.finish(operation, &plan)
+            self.finish(operation, fault)
         })
     }
 }
@@ -492,37 +305,17 @@ impl Substrate for FakeSubstrate {
     }
 
     fn script(&mut self, target: FaultTarget, fault: Fault) -> bool {
-        let mut ledger = self.backend.lock();
-        if ledger.faults_stopped || ledger.scripts.len() >= MAX_SCRIPTED_FAULTS {
-            return false;
-        }
-        if let FaultTarget::Kind(kind) = target {
-            if !fault.applies_to(kind) {
-                return false;
-            }
-        }
-        ledger.scripts.push_back((target, fault));
-        true
+        let kind = target.kind();
+        kind.is_none_or(|kind| fault.applies_to(kind))
+            && self.backend.lock().scripts.push(kind, fault)
     }
 
     fn stop_faults(&mut self) {
-        let mut ledger = self.backend.lock();
-        ledger.scripts.clear();
-        ledger.faults_stopped = true;
+        self.backend.lock().scripts.stop();
     }
 
     fn run_work(&mut self, step: WorkStep) -> usize {
-        match step {
-            WorkStep::Fifo => self.spawner.run_all(RunOrder::Fifo),
-            WorkStep::Lifo => self.spawner.run_all(RunOrder::Lifo),
-            WorkStep::One(index) => {
-                let ready = self.spawner.ready_count();
-                if ready == 0 {
-                    return 0;
-                }
-                usize::from(self.spawner.run_nth(index as usize % ready))
-            }
-        }
+        run_manual_work(&self.spawner, step)
     }
 
     fn has_runnable_work(&self) -> bool {
@@ -530,100 +323,39 @@ impl Substrate for FakeSubstrate {
     }
 
     fn release_oldest_hang(&mut self) -> bool {
-        let mut ledger = self.backend.lock();
-        let Some(slot) = ledger.hangs.values_mut().find(|slot| !slot.released) else {
-            return false;
-        };
-        slot.released = true;
-        if let Some(waker) = slot.waker.take() {
-            waker.wake();
-        }
-        true
+        self.backend.hangs.release_oldest()
     }
 
     fn release_all_hangs(&mut self) -> usize {
-        let mut ledger = self.backend.lock();
-        let mut released = 0;
-        for slot in ledger.hangs.values_mut().filter(|slot| !slot.released) {
-            slot.released = true;
-            if let Some(waker) = slot.waker.take() {
-                waker.wake();
-            }
-            released += 1;
-        }
-        released
+        self.backend.hangs.release_all()
     }
 
     fn stream(&mut self, session: u32, event: StreamEvent) -> Option<ResourceKey> {
-        let mut ledger = self.backend.lock();
-        let count = ledger.sessions.len();
-        if count == 0 {
-            return None;
-        }
-        let key = ledger
-            .sessions
-            .keys()
-            .nth(session as usize % count)?
-            .clone();
-        let event = match event {
-            StreamEvent::Progress(stage) => BootstrapEvent::Progress(stage),
-            StreamEvent::Converged => BootstrapEvent::Converged,
-            StreamEvent::Joined => {
-                if let Some(live) = ledger.sessions.get_mut(&key) {
-                    live.joined = true;
-                }
-                BootstrapEvent::Joined
-            }
-            StreamEvent::Closed => {
-                ledger.sessions.remove(&key);
-                BootstrapEvent::Closed
-            }
-            StreamEvent::Failed(failure) => {
-                ledger.sessions.remove(&key);
-                BootstrapEvent::Failed {
-                    failure,
-                    detail: "scripted stream failure".to_owned(),
-                }
-            }
-        };
-        ledger.report_bootstrap(&key, event);
+        let (key, event) = self.backend.lock().stream(session, event)?;
+        self.backend.report_bootstrap(&key, event);
         Some(key)
     }
 
     fn lose(&mut self, node: &LogicalNodeId, attempt: NodeAttemptId, cause: LossCause) -> bool {
-        let mut ledger = self.backend.lock();
         let key = (node.clone(), attempt);
-        let had_lease = ledger.live_lease(&key).is_some();
-        let had_session = ledger.sessions.remove(&key).is_some();
-        if cause == LossCause::LeaseGone {
-            ledger.leases.remove(&key);
+        let lost = self.backend.lock().lose(&key, cause);
+        if lost {
+            self.backend.report_lost(&key, cause);
         }
-        if !(had_lease || had_session) {
-            return false;
-        }
-        ledger.report_lost(&key, cause);
-        true
+        lost
     }
 
     fn fair_progress(&mut self) -> usize {
-        let mut ledger = self.backend.lock();
-        let waiting: Vec<ResourceKey> = ledger
-            .sessions
-            .iter()
-            .filter(|(_, session)| !session.joined)
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in &waiting {
-            if let Some(session) = ledger.sessions.get_mut(key) {
-                session.joined = true;
-            }
-            ledger.report_bootstrap(key, BootstrapEvent::Joined);
+        let joined = self.backend.lock().join_waiting();
+        for key in &joined {
+            self.backend.report_bootstrap(key, BootstrapEvent::Joined);
         }
-        waiting.len()
+        joined.len()
     }
 
     fn take_observations(&mut self) -> Vec<Observation> {
-        std::mem::take(&mut self.backend.lock().observations)
+        let observations = &self.backend.observations;
+        std::mem::take(&mut *observations.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     fn take_calls(&mut self) -> Vec<CallRecord> {
@@ -631,27 +363,19 @@ impl Substrate for FakeSubstrate {
     }
 
     fn live_resources(&self) -> LiveResources {
-        let ledger = self.backend.lock();
-        let leases = ledger
-            .leases
-            .iter()
-            .filter(|(_, leases)| !leases.is_empty())
-            .map(|(key, leases)| (key.clone(), u32::try_from(leases.len()).unwrap_or(u32::MAX)))
-            .collect();
-        let sessions = ledger.sessions.keys().map(|key| (key.clone(), 1)).collect();
-        LiveResources { leases, sessions }
+        self.backend.lock().live()
     }
 
     fn take_ledger_alarms(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.backend.lock().alarms)
+        self.backend.lock().take_alarms()
     }
 
     fn lease_owner(&self, lease: &LeaseHandle) -> Option<ResourceKey> {
-        self.backend.lock().lease_owners.get(lease).cloned()
+        self.backend.lock().lease_owner(lease)
     }
 
     fn session_owner(&self, session: &SessionHandle) -> Option<ResourceKey> {
-        self.backend.lock().session_owners.get(session).cloned()
+        self.backend.lock().session_owner(session)
     }
 
     fn counters(&self) -> SubstrateCounters {
@@ -659,13 +383,12 @@ impl Substrate for FakeSubstrate {
     }
 
     fn describe_work(&self) -> String {
-        let ledger = self.backend.lock();
-        let hung = ledger.hangs.values().filter(|s| !s.released).count();
         format!(
-            "{} task(s) queued ({} runnable), {hung} hung call(s), {} scripted fault(s) unused",
+            "{} task(s) queued ({} runnable), {} hung call(s), {} scripted fault(s) unused",
             self.spawner.len(),
             self.spawner.ready_count(),
-            ledger.scripts.len()
+            self.backend.hangs.hung(),
+            self.backend.lock().scripts.len()
         )
     }
 }
@@ -680,7 +403,7 @@ mod tests {
         GroupId, LogicalNodeSpec, NodeTemplate, OperationId, RunId, state::BootstrapFailure,
     };
     use std::panic::AssertUnwindSafe;
-    use std::task::Waker;
+    use std::task::{Context, Poll, Waker};
 
     fn node() -> LogicalNodeId {
         LogicalNodeId::new(GroupId::new("a"), 0)

@@ -51,6 +51,7 @@ pub mod battery;
 pub mod contract;
 pub mod driver_under_test;
 pub mod fake;
+mod fake_support;
 pub mod generate;
 pub mod guarantee;
 pub mod harness;

@@ -38,29 +38,25 @@
 //! [`PluginDefect`]s make the plugin deliberately dishonest, to show that the
 //! contract suite and the battery notice.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
 
 use async_trait::async_trait;
 use provisioning::effect::SessionHandle;
 use provisioning::observe::{BootstrapEvent, LossCause};
 use provisioning::spawn::BoxFuture;
-use provisioning::{
-    Endpoint, EndpointLookup, LeaseHandle, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, RunId,
-};
+use provisioning::{EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
     PluginError, ProvisionPlugin,
 };
 
 use crate::contract::{ContractFaults, ContractSubject, PluginMethod};
-use crate::fake::{MAX_SCRIPTED_FAULTS, SCRIPTED_PANIC_MESSAGE, silence_scripted_panics};
+use crate::fake::SCRIPTED_PANIC_MESSAGE;
+use crate::fake_support::{HangGate, Ledger, endpoint_of, silence_scripted_panics};
 use crate::harness::PROVIDER_KIND;
-use crate::substrate::{LiveResources, ResourceKey, SubstrateCounters};
+use crate::substrate::{LiveResources, SubstrateCounters};
 use crate::trace::{Fault, StreamEvent};
 
 /// The run a [`FakePlugin::contract_subject`] serves.
@@ -125,115 +121,29 @@ impl FaultCoverage {
     }
 }
 
-#[derive(Clone, Debug)]
-struct FakeSession {
-    handle: SessionHandle,
-    joined: bool,
-}
-
-#[derive(Debug, Default)]
-struct HangSlot {
-    released: bool,
-    waker: Option<Waker>,
-}
-
 /// A fact to report once the ledger is unlocked.
 enum Fact {
     Bootstrap(AttemptKey, BootstrapEvent),
     Lost(AttemptKey, LossCause),
 }
 
-#[derive(Debug, Default)]
-struct Ledger {
-    leases: BTreeMap<AttemptKey, Vec<LeaseHandle>>,
-    sessions: BTreeMap<AttemptKey, FakeSession>,
-    lease_owners: BTreeMap<LeaseHandle, AttemptKey>,
-    session_owners: BTreeMap<SessionHandle, AttemptKey>,
-    newest: BTreeMap<(RunId, LogicalNodeId), NodeAttemptId>,
-    serial: u64,
-    scripts: VecDeque<(Option<PluginMethod>, Fault)>,
-    faults_stopped: bool,
-    hangs: BTreeMap<u64, HangSlot>,
-    next_hang: u64,
-    alarms: Vec<String>,
-    counters: SubstrateCounters,
+type PluginLedger = Ledger<AttemptKey, PluginMethod>;
+
+/// Whether `fault` can apply to a call of `method` (`not-ready` only to a lookup).
+fn applies(method: PluginMethod, fault: Fault) -> bool {
+    fault != Fault::NotReady || method == PluginMethod::LookupEndpoint
 }
 
-impl Ledger {
-    fn next_serial(&mut self) -> u64 {
-        self.serial += 1;
-        self.serial
-    }
-
-    fn live_lease(&self, key: &AttemptKey) -> Option<&LeaseHandle> {
-        self.leases.get(key).and_then(|leases| leases.first())
-    }
-
-    fn holds_lease(&self, key: &AttemptKey, lease: &LeaseHandle) -> bool {
-        self.leases.get(key).is_some_and(|l| l.contains(lease))
-    }
-
-    /// Raises an alarm when `key` is about to get a resource while it, or
-    /// another attempt of its slot, already holds one (G08).
-    fn watch_creation(&mut self, key: &AttemptKey, what: &str) {
-        let same_slot = |k: &AttemptKey| k.run_id == key.run_id && k.node == key.node;
-        let holders: BTreeSet<NodeAttemptId> = self
-            .leases
-            .iter()
-            .filter(|(k, leases)| same_slot(k) && !leases.is_empty())
-            .map(|(k, _)| k.attempt)
-            .chain(
-                self.sessions
-                    .keys()
-                    .filter(|k| same_slot(k) && k.attempt != key.attempt)
-                    .map(|k| k.attempt),
-            )
-            .collect();
-        let same_key = match what {
-            "lease" => self.live_lease(key).is_some(),
-            _ => self.sessions.contains_key(key),
-        };
-        if same_key || holders.iter().any(|a| *a != key.attempt) {
-            let names: Vec<String> = holders.iter().map(ToString::to_string).collect();
-            self.alarms.push(format!(
-                "the plugin created a {what} for {key} while the slot held live resources of attempts [{}]",
-                names.join(", ")
-            ));
-        }
-    }
-
-    fn note_newest(&mut self, key: &AttemptKey) {
-        let entry = self
-            .newest
-            .entry((key.run_id.clone(), key.node.clone()))
-            .or_insert(key.attempt);
-        if *entry < key.attempt {
-            *entry = key.attempt;
-        }
-    }
-
-    fn take_script(&mut self, method: PluginMethod) -> Option<Fault> {
-        let applies =
-            |fault: Fault| fault != Fault::NotReady || method == PluginMethod::LookupEndpoint;
-        let position = self
-            .scripts
-            .iter()
-            .position(|(target, fault)| *target == Some(method) && applies(*fault))
-            .or_else(|| {
-                self.scripts
-                    .iter()
-                    .position(|(target, fault)| target.is_none() && applies(*fault))
-            })?;
-        let (_, fault) = self.scripts.remove(position)?;
-        self.counters.faults_applied += 1;
-        Some(fault)
-    }
+/// The answer to a call that needs a node that is gone.
+fn gone(key: &AttemptKey, lease: &LeaseHandle) -> PluginError {
+    PluginError::not_found(format!("the node {} of {key} is gone", lease.0))
 }
 
 /// The in-memory plugin of Level 2. See the [module docs](self).
 pub struct FakePlugin {
     kind: String,
-    ledger: Mutex<Ledger>,
+    ledger: Mutex<PluginLedger>,
+    hangs: HangGate,
     sink: Mutex<Option<ObservationSink>>,
     defects: BTreeSet<PluginDefect>,
     coverage: Option<FaultCoverage>,
@@ -255,43 +165,6 @@ impl Default for FakePlugin {
     }
 }
 
-struct HangFuture<'a> {
-    plugin: &'a FakePlugin,
-    id: u64,
-}
-
-impl Future for HangFuture<'_> {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut ledger = self.plugin.lock();
-        match ledger.hangs.get_mut(&self.id) {
-            Some(slot) if !slot.released => {
-                slot.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-            _ => {
-                ledger.hangs.remove(&self.id);
-                Poll::Ready(())
-            }
-        }
-    }
-}
-
-fn endpoint_of(lease: &LeaseHandle) -> Endpoint {
-    Endpoint(format!("endpoint-of-{}", lease.0))
-}
-
-/// Every third attempt knows its endpoint at creation, so both paths of the
-/// ladder (lookup and no lookup) are taken.
-fn endpoint_at_creation(key: &AttemptKey, lease: &LeaseHandle) -> Option<Endpoint> {
-    (key.attempt.get() % 3 == 0).then(|| endpoint_of(lease))
-}
-
-fn resource_key(key: &AttemptKey) -> ResourceKey {
-    (key.node.clone(), key.attempt)
-}
-
 impl FakePlugin {
     /// An honest plugin serving provider kind `fake` (the harness's kind).
     pub fn new() -> Self {
@@ -307,6 +180,7 @@ impl FakePlugin {
         FakePlugin {
             kind: PROVIDER_KIND.to_owned(),
             ledger: Mutex::new(Ledger::default()),
+            hangs: HangGate::default(),
             sink: Mutex::new(None),
             defects: defects.into_iter().collect(),
             coverage: None,
@@ -332,7 +206,7 @@ impl FakePlugin {
         ContractSubject::new(plugin.clone(), RunId::new(CONTRACT_RUN)).with_faults(plugin)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Ledger> {
+    fn lock(&self) -> MutexGuard<'_, PluginLedger> {
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -343,91 +217,38 @@ impl FakePlugin {
     /// Queues `fault` for the next call of `method` (any method when `None`).
     /// Returns `false` when it cannot apply (`not-ready` to anything but a
     /// lookup), when [`FakePlugin::stop_faults`] was called, or when
-    /// [`MAX_SCRIPTED_FAULTS`] are already waiting.
+    /// [`MAX_SCRIPTED_FAULTS`](crate::substrate::MAX_SCRIPTED_FAULTS) are
+    /// already waiting.
     pub fn script(&self, method: Option<PluginMethod>, fault: Fault) -> bool {
-        let mut ledger = self.lock();
-        let applicable =
-            fault != Fault::NotReady || method.is_none_or(|m| m == PluginMethod::LookupEndpoint);
-        if !applicable || ledger.faults_stopped || ledger.scripts.len() >= MAX_SCRIPTED_FAULTS {
-            return false;
-        }
-        ledger.scripts.push_back((method, fault));
-        true
+        method.is_none_or(|method| applies(method, fault))
+            && self.lock().scripts.push(method, fault)
     }
 
     /// Drops every queued fault and accepts no more.
     pub fn stop_faults(&self) {
-        let mut ledger = self.lock();
-        ledger.scripts.clear();
-        ledger.faults_stopped = true;
+        self.lock().scripts.stop();
     }
 
     /// Lets the oldest hung call go on. Returns whether one was hung.
     pub fn release_oldest_hang(&self) -> bool {
-        let mut ledger = self.lock();
-        let Some(slot) = ledger.hangs.values_mut().find(|slot| !slot.released) else {
-            return false;
-        };
-        slot.released = true;
-        if let Some(waker) = slot.waker.take() {
-            waker.wake();
-        }
-        true
+        self.hangs.release_oldest()
     }
 
     /// Lets every hung call go on. Returns how many were hung.
     pub fn release_all_hangs(&self) -> usize {
-        let mut ledger = self.lock();
-        let mut released = 0;
-        for slot in ledger.hangs.values_mut().filter(|slot| !slot.released) {
-            slot.released = true;
-            if let Some(waker) = slot.waker.take() {
-                waker.wake();
-            }
-            released += 1;
-        }
-        released
+        self.hangs.release_all()
     }
 
     /// Calls hung right now.
     pub fn hung_calls(&self) -> usize {
-        self.lock().hangs.values().filter(|s| !s.released).count()
+        self.hangs.hung()
     }
 
     /// Makes the `index`-th live session (modulo their number, in key order)
     /// report `event`; `closed` and failures end the session. Returns the
     /// session's key, or `None` when no session is live.
     pub fn stream(&self, index: u32, event: StreamEvent) -> Option<AttemptKey> {
-        let (key, event) = {
-            let mut ledger = self.lock();
-            let count = ledger.sessions.len();
-            if count == 0 {
-                return None;
-            }
-            let key = ledger.sessions.keys().nth(index as usize % count)?.clone();
-            let event = match event {
-                StreamEvent::Progress(stage) => BootstrapEvent::Progress(stage),
-                StreamEvent::Converged => BootstrapEvent::Converged,
-                StreamEvent::Joined => {
-                    if let Some(session) = ledger.sessions.get_mut(&key) {
-                        session.joined = true;
-                    }
-                    BootstrapEvent::Joined
-                }
-                StreamEvent::Closed => {
-                    ledger.sessions.remove(&key);
-                    BootstrapEvent::Closed
-                }
-                StreamEvent::Failed(failure) => {
-                    ledger.sessions.remove(&key);
-                    BootstrapEvent::Failed {
-                        failure,
-                        detail: "scripted stream failure".to_owned(),
-                    }
-                }
-            };
-            (key, event)
-        };
+        let (key, event) = self.lock().stream(index, event)?;
         self.emit(vec![Fact::Bootstrap(key.clone(), event)]);
         Some(key)
     }
@@ -438,18 +259,13 @@ impl FakePlugin {
     pub fn lose(&self, key: &AttemptKey, cause: LossCause) -> bool {
         let reported = {
             let mut ledger = self.lock();
-            let had_lease = ledger.live_lease(key).is_some();
-            let had_session = ledger.sessions.remove(key).is_some();
-            if cause == LossCause::LeaseGone {
-                ledger.leases.remove(key);
-            }
-            if !(had_lease || had_session) {
+            if !ledger.lose(key, cause) {
                 return false;
             }
             let mut reported = key.clone();
             if self.has(PluginDefect::LossReportedUnderLatestAttempt) {
-                if let Some(newest) = ledger.newest.get(&(key.run_id.clone(), key.node.clone())) {
-                    reported.attempt = *newest;
+                if let Some(newest) = ledger.newest_attempt(key) {
+                    reported.attempt = newest;
                 }
             }
             reported
@@ -463,15 +279,7 @@ impl FakePlugin {
     /// Lets every live session whose agent has not joined yet join, and
     /// reports the joins. Returns how many joined.
     pub fn fair_progress(&self) -> usize {
-        let joined: Vec<AttemptKey> = {
-            let mut ledger = self.lock();
-            let mut joined = Vec::new();
-            for (key, session) in ledger.sessions.iter_mut().filter(|(_, s)| !s.joined) {
-                session.joined = true;
-                joined.push(key.clone());
-            }
-            joined
-        };
+        let joined = self.lock().join_waiting();
         let count = joined.len();
         self.emit(
             joined
@@ -484,44 +292,27 @@ impl FakePlugin {
 
     /// The leases and sessions that are live right now, per key (every run).
     pub fn live_resources(&self) -> LiveResources {
-        let ledger = self.lock();
-        let leases = ledger
-            .leases
-            .iter()
-            .filter(|(_, leases)| !leases.is_empty())
-            .map(|(key, leases)| {
-                (
-                    resource_key(key),
-                    u32::try_from(leases.len()).unwrap_or(u32::MAX),
-                )
-            })
-            .collect();
-        let sessions = ledger
-            .sessions
-            .keys()
-            .map(|key| (resource_key(key), 1))
-            .collect();
-        LiveResources { leases, sessions }
+        self.lock().live()
     }
 
     /// Live leases of `key`.
     pub fn live_leases(&self, key: &AttemptKey) -> usize {
-        self.lock().leases.get(key).map_or(0, Vec::len)
+        self.lock().leases().filter(|(k, _)| *k == key).count()
     }
 
     /// G08 breaches seen since the last call.
     pub fn take_alarms(&self) -> Vec<String> {
-        std::mem::take(&mut self.lock().alarms)
+        self.lock().take_alarms()
     }
 
     /// The key a lease was issued for.
     pub fn lease_owner(&self, lease: &LeaseHandle) -> Option<AttemptKey> {
-        self.lock().lease_owners.get(lease).cloned()
+        self.lock().lease_owner(lease)
     }
 
     /// The key a session was issued for.
     pub fn session_owner(&self, session: &SessionHandle) -> Option<AttemptKey> {
-        self.lock().session_owners.get(session).cloned()
+        self.lock().session_owner(session)
     }
 
     /// Creations, adoptions, hangs and faults applied so far.
@@ -531,11 +322,10 @@ impl FakePlugin {
 
     /// Hung calls and unused scripts, for reports.
     pub fn describe(&self) -> String {
-        let ledger = self.lock();
-        let hung = ledger.hangs.values().filter(|s| !s.released).count();
         format!(
-            "{hung} hung plugin call(s), {} scripted fault(s) unused",
-            ledger.scripts.len()
+            "{} hung plugin call(s), {} scripted fault(s) unused",
+            self.hangs.hung(),
+            self.lock().scripts.len()
         )
     }
 
@@ -560,27 +350,24 @@ impl FakePlugin {
         }
     }
 
-    /// Takes the scripted fault of a call, and parks it when it hangs.
-    fn begin(&self, method: PluginMethod) -> (Fault, Option<u64>) {
-        let mut ledger = self.lock();
-        let Some(fault) = ledger.take_script(method) else {
-            return (Fault::Succeed, None);
+    /// Takes the scripted fault of a call, counted in the coverage.
+    fn begin(&self, method: PluginMethod) -> Fault {
+        let Some(fault) = self.lock().take_script(method, |f| applies(method, f)) else {
+            return Fault::Succeed;
         };
         if let Some(coverage) = &self.coverage {
             coverage.record(method, fault);
         }
-        if fault != Fault::Hang {
-            return (fault, None);
-        }
-        let id = ledger.next_hang;
-        ledger.next_hang += 1;
-        ledger.hangs.insert(id, HangSlot::default());
-        ledger.counters.hangs += 1;
-        (fault, Some(id))
+        fault
     }
 
     /// Whether `method` for `key` would adopt what exists instead of creating.
-    fn would_adopt(&self, ledger: &Ledger, method: PluginMethod, key: Option<&AttemptKey>) -> bool {
+    fn would_adopt(
+        &self,
+        ledger: &PluginLedger,
+        method: PluginMethod,
+        key: Option<&AttemptKey>,
+    ) -> bool {
         let Some(key) = key else {
             return false;
         };
@@ -588,7 +375,7 @@ impl FakePlugin {
             PluginMethod::CreateNode => {
                 !self.has(PluginDefect::CreateIgnoresExisting) && ledger.live_lease(key).is_some()
             }
-            PluginMethod::StartBootstrap => ledger.sessions.contains_key(key),
+            PluginMethod::StartBootstrap => ledger.has_session(key),
             _ => false,
         }
     }
@@ -604,11 +391,11 @@ impl FakePlugin {
     ) -> Result<T, PluginError>
     where
         T: Send,
-        P: FnOnce(&mut Ledger, &mut Vec<Fact>, bool) -> Result<T, PluginError> + Send,
+        P: FnOnce(&mut PluginLedger, &mut Vec<Fact>, bool) -> Result<T, PluginError> + Send,
     {
-        let (fault, hang) = self.begin(method);
-        if let Some(id) = hang {
-            HangFuture { plugin: self, id }.await;
+        let fault = self.begin(method);
+        if fault == Fault::Hang {
+            self.hangs.park().await;
         }
         let mut facts = Vec::new();
         let outcome = {
@@ -659,78 +446,6 @@ impl FakePlugin {
             Ok(())
         }
     }
-
-    fn create(&self, ledger: &mut Ledger, key: &AttemptKey) -> NodeLease {
-        if !self.has(PluginDefect::CreateIgnoresExisting) {
-            if let Some(lease) = ledger.live_lease(key).cloned() {
-                ledger.counters.adoptions += 1;
-                return NodeLease {
-                    endpoint: endpoint_at_creation(key, &lease),
-                    lease,
-                    adopted: true,
-                };
-            }
-        }
-        ledger.watch_creation(key, "lease");
-        let serial = ledger.next_serial();
-        let lease = LeaseHandle(format!(
-            "plugin-lease-{}-{}-{}-{serial}",
-            key.run_id, key.node, key.attempt
-        ));
-        ledger
-            .leases
-            .entry(key.clone())
-            .or_default()
-            .push(lease.clone());
-        ledger.lease_owners.insert(lease.clone(), key.clone());
-        ledger.note_newest(key);
-        ledger.counters.creations += 1;
-        NodeLease {
-            endpoint: endpoint_at_creation(key, &lease),
-            lease,
-            adopted: false,
-        }
-    }
-
-    fn start(
-        ledger: &mut Ledger,
-        key: &AttemptKey,
-        lease: &LeaseHandle,
-    ) -> Result<BootstrapSession, PluginError> {
-        if !ledger.holds_lease(key, lease) {
-            return Err(PluginError::not_found(format!(
-                "the node {} of {key} is gone",
-                lease.0
-            )));
-        }
-        if let Some(session) = ledger.sessions.get(key) {
-            let session = session.handle.clone();
-            ledger.counters.adoptions += 1;
-            return Ok(BootstrapSession {
-                session,
-                adopted: true,
-            });
-        }
-        ledger.watch_creation(key, "session");
-        let serial = ledger.next_serial();
-        let session = SessionHandle(format!(
-            "plugin-session-{}-{}-{}-{serial}",
-            key.run_id, key.node, key.attempt
-        ));
-        ledger.sessions.insert(
-            key.clone(),
-            FakeSession {
-                handle: session.clone(),
-                joined: false,
-            },
-        );
-        ledger.session_owners.insert(session.clone(), key.clone());
-        ledger.counters.creations += 1;
-        Ok(BootstrapSession {
-            session,
-            adopted: false,
-        })
-    }
 }
 
 #[async_trait]
@@ -748,8 +463,9 @@ impl ProvisionPlugin for FakePlugin {
         key: &AttemptKey,
         _spec: &LogicalNodeSpec,
     ) -> Result<NodeLease, PluginError> {
+        let adopt = !self.has(PluginDefect::CreateIgnoresExisting);
         self.call(PluginMethod::CreateNode, Some(key), |ledger, _, _| {
-            Ok(self.create(ledger, key))
+            Ok(ledger.create_lease(key, adopt))
         })
         .await
     }
@@ -764,10 +480,7 @@ impl ProvisionPlugin for FakePlugin {
             Some(key),
             |ledger, _, not_ready| {
                 if !ledger.holds_lease(key, lease) {
-                    return Err(PluginError::not_found(format!(
-                        "the node {} of {key} is gone",
-                        lease.0
-                    )));
+                    return Err(gone(key, lease));
                 }
                 Ok(if not_ready {
                     EndpointLookup::NotReady
@@ -785,7 +498,11 @@ impl ProvisionPlugin for FakePlugin {
         request: &BootstrapRequest,
     ) -> Result<BootstrapSession, PluginError> {
         self.call(PluginMethod::StartBootstrap, Some(key), |ledger, _, _| {
-            FakePlugin::start(ledger, key, &request.lease)
+            if ledger.holds_lease(key, &request.lease) {
+                Ok(ledger.start_session(key))
+            } else {
+                Err(gone(key, &request.lease))
+            }
         })
         .await
     }
@@ -799,7 +516,7 @@ impl ProvisionPlugin for FakePlugin {
             PluginMethod::CompleteBootstrap,
             Some(key),
             |ledger, facts, _| {
-                if ledger.sessions.remove(key).is_some() {
+                if ledger.end_session(key) {
                     // Told that the agent joined, the plugin finishes the session.
                     facts.push(Fact::Bootstrap(key.clone(), BootstrapEvent::Closed));
                     Ok(())
@@ -820,7 +537,7 @@ impl ProvisionPlugin for FakePlugin {
         _session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
         self.call(PluginMethod::CancelBootstrap, Some(key), |ledger, _, _| {
-            if ledger.sessions.remove(key).is_some() {
+            if ledger.end_session(key) {
                 Ok(())
             } else {
                 self.absent(key, "bootstrap session")
@@ -836,12 +553,11 @@ impl ProvisionPlugin for FakePlugin {
     ) -> Result<(), PluginError> {
         self.call(PluginMethod::DestroyNode, Some(key), |ledger, _, _| {
             if ledger.live_lease(key).is_none() {
-                ledger.sessions.remove(key);
+                ledger.end_session(key);
                 return self.absent(key, "node");
             }
             if !self.has(PluginDefect::DestroyKeepsResource) {
-                ledger.leases.remove(key);
-                ledger.sessions.remove(key);
+                ledger.destroy(key);
             }
             Ok(())
         })
@@ -851,14 +567,11 @@ impl ProvisionPlugin for FakePlugin {
     async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
         self.call(PluginMethod::ListNodes, None, |ledger, _, _| {
             Ok(ledger
-                .leases
-                .iter()
+                .leases()
                 .filter(|(key, _)| key.run_id == *run)
-                .flat_map(|(key, leases)| {
-                    leases.iter().map(|lease| ListedNode {
-                        key: key.clone(),
-                        lease: lease.clone(),
-                    })
+                .map(|(key, lease)| ListedNode {
+                    key: key.clone(),
+                    lease: lease.clone(),
                 })
                 .collect())
         })
@@ -880,8 +593,11 @@ impl ContractFaults for FakePlugin {
 mod tests {
     use super::*;
     use crate::contract::complete_without_runtime;
-    use provisioning::{GroupId, NodeTemplate, Observation};
+    use crate::substrate::MAX_SCRIPTED_FAULTS;
+    use provisioning::{GroupId, LogicalNodeId, NodeAttemptId, NodeTemplate, Observation};
+    use std::future::Future;
     use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::task::{Context, Poll, Waker};
 
     type Seen = Arc<Mutex<Vec<Observation>>>;
 

@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use provisioning::effect::SessionHandle;
 use provisioning::executor::EffectBackend;
 use provisioning::observe::LossCause;
-use provisioning::spawn::{BoxFuture, ManualSpawner, RunOrder, Spawner};
+use provisioning::spawn::{BoxFuture, ManualSpawner, Spawner};
 use provisioning::{
     EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeId, LogicalNodeSpec,
     NodeAttemptId, Observation, Operation, RunId,
@@ -41,7 +41,7 @@ use crate::harness::{PROVIDER_KIND, RUN_NAME};
 use crate::plugin_fake::FakePlugin;
 use crate::substrate::{
     CallRecord, CallRecorder, Capabilities, LiveResources, ResourceKey, Substrate,
-    SubstrateCounters,
+    SubstrateCounters, run_manual_work,
 };
 use crate::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
 
@@ -352,17 +352,7 @@ impl<P: ScriptablePlugin> Substrate for PluginSubstrate<P> {
     }
 
     fn run_work(&mut self, step: WorkStep) -> usize {
-        match step {
-            WorkStep::Fifo => self.spawner.run_all(RunOrder::Fifo),
-            WorkStep::Lifo => self.spawner.run_all(RunOrder::Lifo),
-            WorkStep::One(index) => {
-                let ready = self.spawner.ready_count();
-                if ready == 0 {
-                    return 0;
-                }
-                usize::from(self.spawner.run_nth(index as usize % ready))
-            }
-        }
+        run_manual_work(&self.spawner, step)
     }
 
     fn has_runnable_work(&self) -> bool {

@@ -13,18 +13,25 @@
 //! the operating system) implements the same trait; a non-deterministic one
 //! says so in [`Capabilities`] and the harness skips the checks that need
 //! reproducibility.
+//!
+//! Pieces any substrate can reuse: [`CallRecorder`] (the call log for G04 and
+//! G05), [`FaultQueue`] (scripted faults waiting for their calls) and
+//! [`run_manual_work`] (a work step on a [`ManualSpawner`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use provisioning::effect::{LeaseHandle, SessionHandle};
 use provisioning::executor::EffectBackend;
 use provisioning::observe::LossCause;
-use provisioning::spawn::Spawner;
+use provisioning::spawn::{ManualSpawner, RunOrder, Spawner};
 use provisioning::{EffectKind, LogicalNodeId, NodeAttemptId, Observation, Operation, OperationId};
 
 use crate::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
+
+/// How many scripted faults may wait for a call; further scripts are refused.
+pub const MAX_SCRIPTED_FAULTS: usize = 8;
 
 /// What a substrate can promise the harness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +129,92 @@ impl Drop for CallGuard {
                 state.in_flight.remove(&self.attempt);
             }
         }
+    }
+}
+
+/// Scripted faults waiting for the calls they are meant for, at most
+/// [`MAX_SCRIPTED_FAULTS`] of them: what a substrate keeps behind
+/// [`Substrate::script`] and [`Substrate::stop_faults`].
+///
+/// A fault is scripted for one target (an effect kind, a plugin method) or
+/// for any call (`None`). A call takes the oldest fault scripted for its
+/// target, else the oldest scripted for any call, skipping faults that
+/// cannot apply to it.
+#[derive(Clone, Debug)]
+pub struct FaultQueue<T> {
+    waiting: VecDeque<(Option<T>, Fault)>,
+    stopped: bool,
+}
+
+impl<T: PartialEq> FaultQueue<T> {
+    /// An empty queue that accepts faults.
+    pub fn new() -> Self {
+        FaultQueue {
+            waiting: VecDeque::new(),
+            stopped: false,
+        }
+    }
+
+    /// Queues `fault` for the next call of `target` (of any call when
+    /// `None`). Returns `false`, queueing nothing, once the queue was stopped
+    /// or while [`MAX_SCRIPTED_FAULTS`] are waiting.
+    pub fn push(&mut self, target: Option<T>, fault: Fault) -> bool {
+        if self.stopped || self.waiting.len() >= MAX_SCRIPTED_FAULTS {
+            return false;
+        }
+        self.waiting.push_back((target, fault));
+        true
+    }
+
+    /// Takes the fault for a call of `target` that starts now, among those
+    /// that `applies` accepts for it.
+    pub fn take(&mut self, target: &T, applies: impl Fn(Fault) -> bool) -> Option<Fault> {
+        let position = self
+            .waiting
+            .iter()
+            .position(|(t, fault)| t.as_ref() == Some(target) && applies(*fault))
+            .or_else(|| {
+                self.waiting
+                    .iter()
+                    .position(|(t, fault)| t.is_none() && applies(*fault))
+            })?;
+        self.waiting.remove(position).map(|(_, fault)| fault)
+    }
+
+    /// Drops every waiting fault and accepts no more (the fair tail).
+    pub fn stop(&mut self) {
+        self.waiting.clear();
+        self.stopped = true;
+    }
+
+    /// How many faults are waiting.
+    pub fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Whether no fault is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+}
+
+impl<T: PartialEq> Default for FaultQueue<T> {
+    fn default() -> Self {
+        FaultQueue::new()
+    }
+}
+
+/// Runs one work step on `spawner`: everything runnable oldest or newest
+/// first, or one poll of the `n`-th runnable task (modulo how many there
+/// are). Returns how many polls it made.
+pub fn run_manual_work(spawner: &ManualSpawner, step: WorkStep) -> usize {
+    match step {
+        WorkStep::Fifo => spawner.run_all(RunOrder::Fifo),
+        WorkStep::Lifo => spawner.run_all(RunOrder::Lifo),
+        WorkStep::One(index) => match (index as usize).checked_rem(spawner.ready_count()) {
+            Some(nth) => usize::from(spawner.run_nth(nth)),
+            None => 0,
+        },
     }
 }
 
@@ -271,6 +364,26 @@ pub trait Substrate {
 mod tests {
     use super::*;
     use provisioning::GroupId;
+
+    #[test]
+    fn a_fault_queue_serves_its_target_first_skips_what_cannot_apply_and_is_bounded() {
+        let create = EffectKind::CreateLease;
+        let applies = |fault: Fault| fault.applies_to(create);
+        let mut queue = FaultQueue::new();
+        assert!(queue.push(None, Fault::NotReady));
+        assert!(queue.push(None, Fault::AmbiguousUndone));
+        assert!(queue.push(Some(create), Fault::Definite));
+        assert_eq!(queue.take(&create, applies), Some(Fault::Definite));
+        assert_eq!(queue.take(&create, applies), Some(Fault::AmbiguousUndone));
+        assert_eq!(queue.take(&create, applies), None, "not-ready stays");
+        while queue.len() < MAX_SCRIPTED_FAULTS {
+            assert!(queue.push(None, Fault::Hang));
+        }
+        assert!(!queue.push(None, Fault::Hang), "bounded");
+        queue.stop();
+        assert!(queue.is_empty());
+        assert!(!queue.push(None, Fault::Hang), "stopped");
+    }
 
     #[test]
     fn live_resources_print_only_what_is_live() {

@@ -172,6 +172,16 @@ pub enum FaultTarget {
     Kind(EffectKind),
 }
 
+impl FaultTarget {
+    /// The kind of call targeted, `None` for any.
+    pub fn kind(self) -> Option<EffectKind> {
+        match self {
+            FaultTarget::Any => None,
+            FaultTarget::Kind(kind) => Some(kind),
+        }
+    }
+}
+
 /// A scripted reply for one backend call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Fault {

@@ -295,7 +295,8 @@ pub fn run_trace<S: Substrate>(
     }
 }
 
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+/// The text of a panic's payload, for reports.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(text) = payload.downcast_ref::<&str>() {
         (*text).to_owned()
     } else if let Some(text) = payload.downcast_ref::<String>() {

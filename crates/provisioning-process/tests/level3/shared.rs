@@ -7,7 +7,7 @@
 //! condition variable lets the harness thread wait (bounded) for a fact the
 //! plugin reports in the background.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -17,11 +17,8 @@ use provisioning::state::{BootstrapFailure, BootstrapProgress};
 use provisioning::{
     EffectError, EffectKind, EffectOutput, LeaseHandle, Observation, Operation, OperationId,
 };
-use provisioning_conformance::substrate::{ResourceKey, SubstrateCounters};
+use provisioning_conformance::substrate::{FaultQueue, ResourceKey, SubstrateCounters};
 use provisioning_conformance::trace::{Fault, FaultTarget};
-
-/// How many scripted faults may wait for a call; further scripts are refused.
-pub(crate) const SCRIPTED_FAULTS_MAX: usize = 8;
 
 /// How many observations may wait for the harness (a safety bound: every
 /// harness step takes them, and one step reports a handful).
@@ -165,8 +162,7 @@ impl OsFaultCounts {
 /// Everything behind the mutex.
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    scripts: VecDeque<(FaultTarget, Fault)>,
-    faults_stopped: bool,
+    scripts: FaultQueue<EffectKind>,
     inbox: Vec<Observation>,
     /// Sessions by key, from start calls and reported facts.
     pub(crate) sessions: BTreeMap<ResourceKey, SessionTrack>,
@@ -189,25 +185,6 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// The scripted fault for the next call of `kind`, if any: one scripted
-    /// for the kind first, then one scripted for any call.
-    fn take_script(&mut self, kind: EffectKind) -> Option<Fault> {
-        let position = self
-            .scripts
-            .iter()
-            .position(|(target, fault)| {
-                *target == FaultTarget::Kind(kind) && producible(kind, *fault)
-            })
-            .or_else(|| {
-                self.scripts.iter().position(|(target, fault)| {
-                    *target == FaultTarget::Any && producible(kind, *fault)
-                })
-            })?;
-        let (_, fault) = self.scripts.remove(position)?;
-        self.counters.faults_applied += 1;
-        Some(fault)
-    }
-
     fn session(&mut self, key: &ResourceKey) -> &mut SessionTrack {
         self.sessions
             .entry(key.clone())
@@ -327,28 +304,25 @@ impl Shared {
 
     /// Queues a fault; `false` when it cannot be produced or is refused.
     pub(crate) fn script(&self, target: FaultTarget, fault: Fault) -> bool {
-        let mut state = self.lock();
         let can = match target {
             FaultTarget::Kind(kind) => producible(kind, fault),
             FaultTarget::Any => EffectKind::ALL.into_iter().any(|k| producible(k, fault)),
         };
-        if !can || state.faults_stopped || state.scripts.len() >= SCRIPTED_FAULTS_MAX {
-            return false;
-        }
-        state.scripts.push_back((target, fault));
-        true
+        can && self.lock().scripts.push(target.kind(), fault)
     }
 
     /// Drops every scripted fault and accepts no more.
     pub(crate) fn stop_faults(&self) {
-        let mut state = self.lock();
-        state.scripts.clear();
-        state.faults_stopped = true;
+        self.lock().scripts.stop();
     }
 
-    /// Takes the fault for the call of `kind` that starts now.
+    /// Takes the fault for the call of `kind` that starts now: one scripted
+    /// for the kind first, then one scripted for any call.
     pub(crate) fn take_script(&self, kind: EffectKind) -> Option<Fault> {
-        self.lock().take_script(kind)
+        let mut state = self.lock();
+        let fault = state.scripts.take(&kind, |fault| producible(kind, fault))?;
+        state.counters.faults_applied += 1;
+        Some(fault)
     }
 
     /// Registers a call as in flight (busy) until the guard drops.

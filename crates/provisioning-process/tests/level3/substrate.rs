@@ -35,6 +35,7 @@ use provisioning::state::BootstrapFailure;
 use provisioning::{LeaseHandle, LogicalNodeId, NodeAttemptId, Observation};
 use provisioning_conformance::substrate::{
     CallRecord, Capabilities, LiveResources, ResourceKey, Substrate, SubstrateCounters,
+    run_manual_work,
 };
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
 use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig, os};
@@ -324,13 +325,12 @@ impl Substrate for ProcessSubstrate {
         match step {
             WorkStep::Fifo => self.run_until_quiet(RunOrder::Fifo),
             WorkStep::Lifo => self.run_until_quiet(RunOrder::Lifo),
-            WorkStep::One(index) => {
-                let ready = self.spawner.ready_count();
-                let Some(runtime) = self.runtime.as_ref().filter(|_| ready > 0) else {
+            WorkStep::One(_) => {
+                let Some(runtime) = &self.runtime else {
                     return 0;
                 };
                 let _context = runtime.enter();
-                usize::from(self.spawner.run_nth(index as usize % ready))
+                run_manual_work(&self.spawner, step)
             }
         }
     }
