@@ -647,15 +647,26 @@ impl ClusterDriver {
     ) -> Result<(), DriverError> {
         self.ensure_idle()?;
         let pending = self.check_pending(node_id, op)?.clone();
-        let node = self
-            .state
-            .nodes
-            .get(node_id)
-            .ok_or_else(|| Rejection::UnknownNode(node_id.clone()))?;
+        self.fold_pending(node_id, &pending, outcome, now)?;
+        Ok(())
+    }
+
+    /// Folds the outcome of the node's pending operation into a copy of the
+    /// node and commits it, so that an error leaves the node untouched.
+    fn fold_pending(
+        &mut self,
+        node_id: &LogicalNodeId,
+        pending: &PendingOperation,
+        outcome: Result<&crate::effect::EffectOutput, &EffectError>,
+        now: Timestamp,
+    ) -> Result<(), ClockSaturated> {
+        let Some(node) = self.state.nodes.get(node_id) else {
+            return Ok(());
+        };
         let mut next = node.clone();
         fold_operation(
             &mut next,
-            op,
+            pending.id,
             pending.kind,
             outcome,
             &self.fold_context(node, now),
@@ -934,12 +945,13 @@ impl ClusterDriver {
         let next_sequence = sequence.next()?;
         let op = OperationId::new(node.attempt, sequence);
         node.next_sequence = next_sequence;
-        node.pending = Some(PendingOperation {
+        let pending = PendingOperation {
             id: op,
             kind,
             dispatched_at: now,
             deadline,
-        });
+        };
+        node.pending = Some(pending.clone());
         if kind == EffectKind::CreateLease && node.record.stage == NodeStage::New {
             node.record.stage = NodeStage::LeaseRequested;
         }
@@ -955,23 +967,9 @@ impl ClusterDriver {
         if let Err(refused) = sink.submit(operation) {
             report.refused += 1;
             let error = EffectError::definite(format!("submission refused: {refused}"));
-            // The status is open, so this fold cannot be refused for that
-            // reason; fold directly and remember to pass again.
-            let node = self.state.nodes.get(id).ok_or(NodeError::MissingFact {
-                kind,
-                missing: "node",
-            })?;
-            let mut next = node.clone();
-            fold_operation(
-                &mut next,
-                op,
-                kind,
-                Err(&error),
-                &self.fold_context(node, now),
-            )?;
-            self.schedule.deadlines.remove(&(deadline, id.clone()));
-            self.state.nodes.insert(id.clone(), next);
-            self.touch(id);
+            // Folded at once, while the pass is open: the touch makes sure
+            // exactly one more pass follows.
+            self.fold_pending(id, &pending, Err(&error), now)?;
         }
         Ok(())
     }
