@@ -481,20 +481,14 @@ async fn run_operation<B: EffectBackend + ?Sized>(
         });
     }
 
-    if expired_before_start(&shared, op.id) {
+    if !begin_call(&shared, op.id) {
         // The driver already gave up on it: running it now would be an effect
         // nobody has pending. Ending it here also opens its waiters' gates.
-        if let Some(shared) = shared.upgrade() {
-            shared.lock().counters.skipped += 1;
-        }
         finish(&shared, &op, Err(EffectError::timed_out()));
         return;
     }
     let outcome = match backend.upgrade() {
         Some(backend) => {
-            if let Some(shared) = shared.upgrade() {
-                shared.lock().counters.started += 1;
-            }
             let call = AssertUnwindSafe(async { backend.execute(&op).await })
                 .catch_unwind()
                 .await;
@@ -512,16 +506,24 @@ async fn run_operation<B: EffectBackend + ?Sized>(
     finish(&shared, &op, outcome);
 }
 
-fn expired_before_start(shared: &Weak<Shared>, op: OperationId) -> bool {
+/// Decides, under one lock, whether the call may start: not when the
+/// operation expired before it got here. Counts the call either way.
+fn begin_call(shared: &Weak<Shared>, op: OperationId) -> bool {
     let Some(shared) = shared.upgrade() else {
-        return false;
+        return true;
     };
-    let ledger = shared.lock();
-    ledger
+    let mut ledger = shared.lock();
+    let expired = ledger
         .attempts
         .get(&op.attempt())
         .and_then(|entry| entry.running.as_ref())
-        .is_some_and(|running| running.print.id == op && running.expired)
+        .is_some_and(|running| running.print.id == op && running.expired);
+    if expired {
+        ledger.counters.skipped += 1;
+    } else {
+        ledger.counters.started += 1;
+    }
+    !expired
 }
 
 fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, EffectError>) {
