@@ -13,7 +13,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
 use crate::decide::{NodeAction, NodeDecision, Wake, for_each_slot, reconcile_node};
+use crate::durable::{
+    ChangeSet, DURABLE_FORMAT, DurableEntry, DurableMeta, DurableNode, DurableState, RecoveryError,
+    RecoveryReport, Shift,
+};
 use crate::effect::{EffectError, EffectKind, EffectRequest, ExecutorResult, Operation};
+use crate::id::AttemptAllocator;
 use crate::id::{Generation, IdError, LogicalNodeId, NodeAttemptId, OperationId, RunId};
 use crate::observe::{
     BootstrapRejection, FoldContext, Observation, fold_bootstrap, fold_loss, fold_operation,
@@ -64,6 +69,11 @@ pub enum SubmitError {
     /// The sink no longer accepts work.
     #[error("the executor is shut down")]
     Closed,
+    /// A sink of the caller's refused the operation for its own reason (a
+    /// quota, a full queue, a journal that could not be written). The reason
+    /// reaches the node's `last_error`.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Why an observation or result was not folded. Nothing changed.
@@ -237,9 +247,10 @@ pub struct PassReport {
     pub evaluated: usize,
     /// Driver transitions applied.
     pub transitions: usize,
-    /// Operations recorded pending and submitted.
+    /// Operations recorded pending and accepted by the sink.
     pub dispatched: usize,
-    /// Submissions the sink refused (folded as failures).
+    /// Operations recorded pending that the sink refused; each was folded
+    /// at once as a definite failure. Not counted in `dispatched`.
     pub refused: usize,
 }
 
@@ -248,8 +259,10 @@ pub struct PassReport {
 pub struct DriveReport {
     /// Passes run.
     pub passes: u32,
-    /// Operations dispatched over all passes.
+    /// Operations the sink accepted, over all passes.
     pub dispatched: usize,
+    /// Operations the sink refused, over all passes (folded as failures).
+    pub refused: usize,
     /// Whether a pass is still queued because the pass budget ran out.
     pub budget_exhausted: bool,
 }
@@ -261,8 +274,10 @@ pub struct DriverCounters {
     pub passes: u64,
     /// Node evaluations over all passes.
     pub evaluations: u64,
-    /// Operations dispatched.
+    /// Operations the sink accepted.
     pub dispatched: u64,
+    /// Operations the sink refused.
+    pub refused: u64,
     /// Results, timeouts and observations folded.
     pub folded: u64,
     /// Results, timeouts and observations rejected.
@@ -314,6 +329,13 @@ impl Schedule {
     }
 }
 
+/// What changed since the last change set, when the host asked for it.
+#[derive(Debug, Default)]
+struct ChangeTracker {
+    nodes: BTreeSet<LogicalNodeId>,
+    meta: bool,
+}
+
 /// The sole writer of [`ClusterState`]: folds observations, runs passes and
 /// records operations pending before dispatch.
 #[derive(Debug)]
@@ -326,6 +348,8 @@ pub struct ClusterDriver {
     counters: DriverCounters,
     /// Nodes inserted by the open pass, merged into the state when it ends.
     inserted: BTreeMap<LogicalNodeId, ManagedNode>,
+    /// `Some` once [`ClusterDriver::track_changes`] was called.
+    changes: Option<ChangeTracker>,
 }
 
 impl ClusterDriver {
@@ -353,6 +377,7 @@ impl ClusterDriver {
             status: PassStatus::Idle { queued: false },
             counters: DriverCounters::default(),
             inserted: BTreeMap::new(),
+            changes: None,
         };
         let deadlines: Vec<_> = driver
             .state
@@ -433,6 +458,7 @@ impl ClusterDriver {
         desired.share_templates_with(&self.desired);
         let changed = !self.desired.changed_groups(&desired).is_empty();
         self.desired = desired;
+        self.meta_changed();
         if changed {
             self.schedule.full = true;
         }
@@ -524,7 +550,22 @@ impl ClusterDriver {
 
     fn touch(&mut self, node: &LogicalNodeId) {
         self.schedule.dirty.insert(node.clone());
+        self.node_changed(node);
         self.request_pass();
+    }
+
+    fn node_changed(&mut self, node: &LogicalNodeId) {
+        if let Some(changes) = &mut self.changes {
+            if !changes.nodes.contains(node) {
+                changes.nodes.insert(node.clone());
+            }
+        }
+    }
+
+    fn meta_changed(&mut self) {
+        if let Some(changes) = &mut self.changes {
+            changes.meta = true;
+        }
     }
 
     fn fold_context(&self, node: &ManagedNode, now: Timestamp) -> FoldContext<'_> {
@@ -834,12 +875,14 @@ impl ClusterDriver {
         let generation = self.desired.generation();
         if self.state.observed_generation < Some(generation) {
             self.state.observed_generation = Some(generation);
+            self.meta_changed();
         }
         let retrigger = matches!(self.status, PassStatus::Open { retrigger: true });
         self.status = PassStatus::Idle { queued: retrigger };
         self.counters.passes += 1;
         self.counters.evaluations += report.evaluated as u64;
         self.counters.dispatched += report.dispatched as u64;
+        self.counters.refused += report.refused as u64;
         if errors.is_empty() {
             Ok(report)
         } else {
@@ -888,6 +931,7 @@ impl ClusterDriver {
                     ..RetryState::default()
                 };
                 let attempt = self.state.attempts.allocate()?;
+                self.meta_changed();
                 let node = ManagedNode::new(spec, attempt, retry);
                 if action == NodeAction::Insert {
                     // Merged into the map at the end of the pass.
@@ -899,6 +943,7 @@ impl ClusterDriver {
             NodeAction::Reap => {
                 self.state.nodes.remove(id);
                 self.schedule.forget(id);
+                self.node_changed(id);
                 return Ok(());
             }
             NodeAction::BeginDelete => {
@@ -955,8 +1000,6 @@ impl ClusterDriver {
         if kind == EffectKind::CreateLease && node.record.stage == NodeStage::New {
             node.record.stage = NodeStage::LeaseRequested;
         }
-        self.schedule.deadlines.insert((deadline, id.clone()));
-        report.dispatched += 1;
         let operation = Operation {
             id: op,
             run_id,
@@ -964,14 +1007,178 @@ impl ClusterDriver {
             spec: node.spec.clone(),
             request,
         };
+        self.schedule.deadlines.insert((deadline, id.clone()));
+        self.node_changed(id);
         if let Err(refused) = sink.submit(operation) {
             report.refused += 1;
             let error = EffectError::definite(format!("submission refused: {refused}"));
             // Folded at once, while the pass is open: the touch makes sure
             // exactly one more pass follows.
             self.fold_pending(id, &pending, Err(&error), now)?;
+        } else {
+            report.dispatched += 1;
         }
         Ok(())
+    }
+
+    /// Starts tracking what changes, for a host that journals the state:
+    /// from now on [`ClusterDriver::take_changes`] returns the nodes and meta
+    /// that changed since its last call. The first change set holds the
+    /// whole state.
+    pub fn track_changes(&mut self) {
+        let nodes = self.state.nodes.keys().cloned().collect();
+        self.changes = Some(ChangeTracker { nodes, meta: true });
+    }
+
+    /// The changes since the last call (empty when nothing changed, or when
+    /// changes are not tracked). `now` is recorded in the meta as the
+    /// writer's clock. Take them after a drive and commit them before
+    /// submitting the operations that drive produced.
+    pub fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
+        let Some(tracker) = self.changes.as_mut() else {
+            return ChangeSet::default();
+        };
+        let tracker = std::mem::take(tracker);
+        let mut changes = ChangeSet {
+            meta: tracker.meta.then(|| self.durable_meta(now)),
+            ..ChangeSet::default()
+        };
+        for id in tracker.nodes {
+            match self.state.nodes.get(&id) {
+                Some(node) => changes.upserts.push(durable_entry(node)),
+                None => changes.removed.push(id),
+            }
+        }
+        changes
+    }
+
+    /// Whether changes are waiting for [`ClusterDriver::take_changes`].
+    pub fn has_changes(&self) -> bool {
+        self.changes
+            .as_ref()
+            .is_some_and(|c| c.meta || !c.nodes.is_empty())
+    }
+
+    fn durable_meta(&self, now: Timestamp) -> DurableMeta {
+        DurableMeta {
+            format: DURABLE_FORMAT,
+            desired: self.desired.shape().clone(),
+            observed_generation: self.state.observed_generation,
+            next_attempt: self.state.attempts.next_unallocated(),
+            written_at: now,
+        }
+    }
+
+    /// The whole durable state, as a journal would hold it after every
+    /// change set so far was committed.
+    pub fn durable_state(&self, now: Timestamp) -> DurableState {
+        DurableState {
+            meta: self.durable_meta(now),
+            nodes: self.state.nodes.values().map(durable_entry).collect(),
+        }
+    }
+
+    /// Rebuilds a driver from a committed durable state, after the
+    /// controller that wrote it stopped (cleanly or not).
+    ///
+    /// - The allocator resumes at the stored mark (above every stored
+    ///   attempt), so no attempt id is handed out twice across restarts.
+    /// - Every stored instant moves onto the new clock by the distance
+    ///   between the stored `written_at` and `now`, so a backoff keeps the
+    ///   time it had left.
+    /// - Every pending operation becomes ambiguous at `now` (its result is
+    ///   unknown): the ladder re-issues it after backoff and the provider
+    ///   adopts what it may have made; cleanup steps are simply retried.
+    ///
+    /// The recovered driver tracks changes, and a full pass is queued.
+    ///
+    /// # Errors
+    /// A [`RecoveryError`] for a state of another format or run, an invalid
+    /// stored shape, or nodes stored twice; nothing is built.
+    pub fn recover(
+        run_id: &RunId,
+        stored: DurableState,
+        policy: RetryPolicy,
+        now: Timestamp,
+    ) -> Result<(ClusterDriver, RecoveryReport), RecoveryError> {
+        let DurableState { meta, nodes } = stored;
+        if meta.format != DURABLE_FORMAT {
+            return Err(RecoveryError::UnsupportedFormat {
+                found: meta.format,
+                supported: DURABLE_FORMAT,
+            });
+        }
+        if &meta.desired.run_id != run_id {
+            return Err(RecoveryError::RunMismatch {
+                expected: run_id.clone(),
+                found: meta.desired.run_id.clone(),
+            });
+        }
+        let desired = meta.desired.validate()?;
+        let shift = Shift::between(meta.written_at, now);
+        let mut report = RecoveryReport {
+            generation: desired.generation(),
+            ..RecoveryReport::default()
+        };
+        let mut map = BTreeMap::new();
+        let mut attempts = BTreeSet::new();
+        let mut highest = 0;
+        for DurableEntry { mut node, template } in nodes {
+            if !attempts.insert(node.attempt) {
+                return Err(RecoveryError::DuplicateAttempt(node.attempt));
+            }
+            highest = highest.max(node.attempt.get());
+            shift.node(&mut node);
+            // Nodes of an unchanged group share the desired template, so
+            // drift checks keep comparing pointers.
+            let template = match desired.groups().get(node.node.group()) {
+                Some(group) if *group.template() == template => group.template().clone(),
+                _ => template,
+            };
+            let spec = LogicalNodeSpec::new(node.node.clone(), run_id.clone(), template);
+            let managed = ManagedNode {
+                spec,
+                attempt: node.attempt,
+                intent: node.intent,
+                record: node.record,
+                pending: node.pending,
+                next_sequence: node.next_sequence,
+                retry: node.retry,
+            };
+            if map.insert(node.node.clone(), managed).is_some() {
+                return Err(RecoveryError::DuplicateNode(node.node));
+            }
+        }
+        let mut next_attempt = meta.next_attempt;
+        if highest >= next_attempt {
+            next_attempt = highest.saturating_add(1);
+            report.allocator_raised = true;
+        }
+        let state = ClusterState {
+            observed_generation: meta.observed_generation,
+            attempts: AttemptAllocator::with_limit(next_attempt, u64::MAX),
+            nodes: map,
+        };
+        let mut driver = ClusterDriver::with_state(desired, state, policy);
+        driver.track_changes();
+        if let Some(changes) = &mut driver.changes {
+            // Only what recovery itself changes needs writing again.
+            changes.nodes.clear();
+            changes.meta = report.allocator_raised;
+        }
+        report.nodes = driver.state.nodes.len();
+        let pending: Vec<_> = driver
+            .state
+            .nodes
+            .iter()
+            .filter_map(|(id, n)| n.pending.clone().map(|p| (id.clone(), p)))
+            .collect();
+        let error = EffectError::ambiguous("the controller restarted; the outcome is unknown");
+        for (id, op) in pending {
+            driver.fold_pending(&id, &op, Err(&error), now)?;
+            report.pending_made_ambiguous += 1;
+        }
+        Ok((driver, report))
     }
 
     /// Runs one pass if one is queued.
@@ -1010,12 +1217,28 @@ impl ClusterDriver {
                 Some(pass) => {
                     report.passes += 1;
                     report.dispatched += pass.dispatched;
+                    report.refused += pass.refused;
                 }
                 None => return Ok(report),
             }
         }
         report.budget_exhausted = self.is_queued();
         Ok(report)
+    }
+}
+
+fn durable_entry(node: &ManagedNode) -> DurableEntry {
+    DurableEntry {
+        node: DurableNode {
+            node: node.spec.id().clone(),
+            attempt: node.attempt,
+            intent: node.intent,
+            record: node.record.clone(),
+            pending: node.pending.clone(),
+            next_sequence: node.next_sequence,
+            retry: node.retry.clone(),
+        },
+        template: node.spec.shared_template().clone(),
     }
 }
 

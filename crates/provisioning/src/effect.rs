@@ -8,7 +8,9 @@ use crate::id::{LogicalNodeId, NodeAttemptId, OperationId, RunId};
 use crate::shape::LogicalNodeSpec;
 
 /// The kinds of provider effects the decider can dispatch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum EffectKind {
     /// Create (or adopt) the lease for an attempt.
     CreateLease,
@@ -66,15 +68,24 @@ impl fmt::Display for EffectKind {
 }
 
 /// A provider's name for a lease (an instance id, a process id, …).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct LeaseHandle(pub String);
 
 /// Where a node can be reached (for example `127.0.0.1:40321`).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct Endpoint(pub String);
 
 /// A provider's name for a bootstrap session.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct SessionHandle(pub String);
 
 /// The input of one effect. Every effect is keyed by `(run, node, attempt)`;

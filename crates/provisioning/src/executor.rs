@@ -2,7 +2,11 @@
 //! [`OperationId`].
 //!
 //! # Ledger rules
-//! - Submitting an operation that already completed replays its result.
+//! - Submitting an operation that already completed replays its result. The
+//!   results of the last [`REPLAY_DEPTH`] operations of an attempt are kept
+//!   (an expired operation's result is its timeout); an id older than those
+//!   and below the attempt's latest submission is refused as
+//!   [`SubmitError::Stale`].
 //! - Submitting an id again with a different input is refused.
 //! - At most one operation runs per attempt. An operation submitted while an
 //!   older one of its attempt is still physically running (typically one that
@@ -26,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use futures_channel::oneshot;
 use futures_util::FutureExt;
 
-use crate::driver::{OperationSink, SubmitError};
+use crate::driver::{ClusterDriver, DriveReport, DriverError, OperationSink, SubmitError};
 use crate::effect::{EffectError, EffectKind, EffectOutput, ExecutorResult, Operation};
 use crate::id::{LogicalNodeId, NodeAttemptId, OperationId, OperationSequence};
 use crate::shape::NodeTemplate;
@@ -48,6 +52,13 @@ pub trait EffectBackend: Send + Sync + 'static {
         operation: &'a Operation,
     ) -> BoxFuture<'a, Result<EffectOutput, EffectError>>;
 }
+
+/// How many completed operations of one attempt the executor remembers for
+/// replay. A repeat of any of them replays its result; the driver itself only
+/// ever submits new sequences, so this bounds what a resubmitting caller
+/// (a host replaying its own log, a test) can rely on, at a fixed cost per
+/// live attempt.
+pub const REPLAY_DEPTH: usize = 4;
 
 /// How [`IdempotentEffectExecutor::submit`] handled an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,7 +146,8 @@ struct AttemptLedger {
     highest: Option<OperationSequence>,
     running: Option<Running>,
     waiting: Option<InputPrint>,
-    completed: Option<Completed>,
+    /// The last [`REPLAY_DEPTH`] results, oldest first.
+    completed: Vec<Completed>,
     retired: bool,
 }
 
@@ -146,9 +158,16 @@ impl AttemptLedger {
             highest: None,
             running: None,
             waiting: None,
-            completed: None,
+            completed: Vec::new(),
             retired: false,
         }
+    }
+
+    fn remember(&mut self, completed: Completed) {
+        if self.completed.len() >= REPLAY_DEPTH {
+            self.completed.remove(0);
+        }
+        self.completed.push(completed);
     }
 
     fn idle(&self) -> bool {
@@ -307,15 +326,19 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         if let Some(verdict) = entry.waiting.as_ref().and_then(verdict) {
             return verdict.map(|()| Submitted::AlreadyRunning);
         }
-        if let Some(completed) = &entry.completed {
-            if let Some(verdict) = verdict(&completed.print) {
-                verdict?;
-                outbox.push_back(entry.result(&completed.print, completed.outcome.clone()));
-                counters.replayed += 1;
-                drop(ledger);
-                self.shared.notify();
-                return Ok(Submitted::Replayed);
-            }
+        if let Some((completed, verdict)) = entry
+            .completed
+            .iter()
+            .rev()
+            .find_map(|c| verdict(&c.print).map(|v| (c, v)))
+        {
+            verdict?;
+            let replay = entry.result(&completed.print, completed.outcome.clone());
+            outbox.push_back(replay);
+            counters.replayed += 1;
+            drop(ledger);
+            self.shared.notify();
+            return Ok(Submitted::Replayed);
         }
         if entry.highest.is_some_and(|h| op.id.sequence() <= h) {
             return Err(SubmitError::Stale(op.id));
@@ -388,7 +411,7 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         };
         let outcome = Err(EffectError::timed_out());
         let result = entry.result(&expired, outcome.clone());
-        entry.completed = Some(Completed {
+        entry.remember(Completed {
             print: expired,
             outcome,
         });
@@ -407,6 +430,20 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
                 entry.retired = true;
             }
         }
+    }
+
+    /// Runs `driver` until it is blocked with this executor as its sink:
+    /// shorthand for `driver.drive_until_blocked(now, &mut &executor)`.
+    ///
+    /// # Errors
+    /// The errors of [`ClusterDriver::drive_until_blocked`].
+    pub fn drive(
+        &self,
+        driver: &mut ClusterDriver,
+        now: crate::time::Timestamp,
+    ) -> Result<DriveReport, DriverError> {
+        let mut sink = self;
+        driver.drive_until_blocked(now, &mut sink)
     }
 
     /// Refuses further submissions. Work already handed out still finishes.
@@ -549,7 +586,7 @@ fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, E
         counters.late_dropped += 1;
     } else {
         outbox.push_back(entry.result(&running.print, outcome.clone()));
-        entry.completed = Some(Completed {
+        entry.remember(Completed {
             print: running.print,
             outcome,
         });

@@ -11,7 +11,10 @@ use std::sync::Arc;
 use thiserror::Error;
 
 /// One run: the unit a driver manages for its whole lifetime.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct RunId(Arc<str>);
 
 impl RunId {
@@ -34,7 +37,10 @@ impl fmt::Display for RunId {
 }
 
 /// The name of a node group inside a shape.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct GroupId(Arc<str>);
 
 impl GroupId {
@@ -60,7 +66,9 @@ impl fmt::Display for GroupId {
 ///
 /// Ordering is by group, then by numeric index, so `web-2` sorts before
 /// `web-10` and iteration over a group visits its slots in index order.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct LogicalNodeId {
     group: GroupId,
     index: u32,
@@ -109,7 +117,10 @@ impl fmt::Display for LogicalNodeId {
 }
 
 /// One incarnation of a slot. Allocated from [`AttemptAllocator`], never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct NodeAttemptId(u64);
 
 impl NodeAttemptId {
@@ -195,7 +206,10 @@ impl AttemptAllocator {
 }
 
 /// The sequence number of an operation inside its attempt; starts at 1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct OperationSequence(u32);
 
 impl OperationSequence {
@@ -225,7 +239,9 @@ impl OperationSequence {
 }
 
 /// Names one dispatched effect: `(attempt, sequence)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct OperationId {
     attempt: NodeAttemptId,
     sequence: OperationSequence,
@@ -255,7 +271,20 @@ impl fmt::Display for OperationId {
 }
 
 /// The revision of a desired shape.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct Generation(u64);
 
 impl Generation {

@@ -93,6 +93,7 @@
 
 pub mod decide;
 pub mod driver;
+pub mod durable;
 pub mod effect;
 pub mod executor;
 pub mod id;
@@ -105,20 +106,34 @@ pub mod time;
 
 pub use decide::{NodeAction, NodeDecision, Plan, Rule, reconcile, reconcile_node};
 pub use driver::{
-    ClusterDriver, DesiredUpdate, DriverError, DueOperation, OperationSink, Rejection, SubmitError,
+    ClusterDriver, DesiredUpdate, DriveReport, DriverCounters, DriverError, DueOperation,
+    NodeError, OperationSink, PassReport, Rejection, SubmitError,
+};
+pub use durable::{
+    ChangeSet, DURABLE_FORMAT, DurableEntry, DurableMeta, DurableNode, DurableState, RecoveryError,
+    RecoveryReport,
 };
 pub use effect::{
     Disposition, EffectError, EffectKind, EffectOutput, EffectRequest, Endpoint, EndpointLookup,
     ExecutorResult, LeaseHandle, Operation, SessionHandle,
 };
-pub use executor::{EffectBackend, IdempotentEffectExecutor, Submitted};
-pub use id::{Generation, GroupId, LogicalNodeId, NodeAttemptId, OperationId, RunId};
-pub use observe::{BootstrapEvent, LossCause, Observation};
+pub use executor::{
+    EffectBackend, ExecutorCounters, IdempotentEffectExecutor, REPLAY_DEPTH, Submitted,
+};
+pub use id::{
+    AttemptAllocator, Generation, GroupId, IdError, LogicalNodeId, NodeAttemptId, OperationId,
+    OperationSequence, RunId,
+};
+pub use observe::{BootstrapEvent, BootstrapRejection, LossCause, Observation};
 pub use policy::RetryPolicy;
 pub use shape::{
     BootParams, ClusterShape, DesiredState, LogicalNodeSpec, NodeGroup, NodeTemplate,
     ProviderShape, ShapeError, SwarmJoinTemplate,
 };
 pub use spawn::{BoxFuture, ManualSpawner, RunOrder, Spawner};
-pub use state::{ClusterState, Intent, ManagedNode, NodeRecord, NodeStage};
+pub use state::{
+    AmbiguousOperation, BootstrapFacts, BootstrapFailure, BootstrapProgress, BootstrapStage,
+    ClusterState, EndpointFacts, FailureFacts, Intent, LeaseFacts, ManagedNode, NodeRecord,
+    NodeStage, PendingOperation, RetryState, SessionState, SwarmJoinFacts,
+};
 pub use time::Timestamp;

@@ -332,6 +332,11 @@ pub enum BootstrapRejection {
     /// The session already closed or was cancelled.
     #[error("the bootstrap session already ended")]
     SessionEnded,
+    /// The attempt already failed (its session reported a failure, closed
+    /// before the join, or the node was lost): late events of it change
+    /// nothing, and cleanup still cancels the session.
+    #[error("the attempt already failed; late bootstrap events are ignored")]
+    AttemptFailed,
 }
 
 /// Folds a bootstrap event for the node's current attempt.
@@ -350,6 +355,12 @@ pub(crate) fn fold_bootstrap(
             .ambiguous
             .as_ref()
             .is_some_and(|a| a.kind == EffectKind::StartBootstrap);
+    if node.record.failure.is_some() {
+        // A failed attempt is being cleaned up. Folding a late join would give
+        // it swarm facts it never keeps, and a late close would make cleanup
+        // skip the cancel of a session that may still run.
+        return Ok(Err(BootstrapRejection::AttemptFailed));
+    }
     match &node.record.bootstrap {
         Some(facts) if facts.state != SessionState::Active => {
             return Ok(Err(BootstrapRejection::SessionEnded));
@@ -366,6 +377,10 @@ pub(crate) fn fold_bootstrap(
         }
         None => return Ok(Err(BootstrapRejection::NoSession)),
     }
+    // An event of this attempt's session is evidence that the session
+    // exists: it answers a remembered ambiguous start, so cleanup cancels
+    // the session instead of starting it again.
+    clear_ambiguous(node, EffectKind::StartBootstrap);
     let running = node.record.stage == NodeStage::EndpointKnown;
     let Some(facts) = node.record.bootstrap.as_mut() else {
         return Ok(Err(BootstrapRejection::NoSession));
@@ -392,9 +407,6 @@ pub(crate) fn fold_bootstrap(
         BootstrapEvent::Closed => {
             facts.state = SessionState::Closed;
             facts.stage = BootstrapStage::Closed;
-            if node.record.stage == NodeStage::Failed {
-                return Ok(Ok(()));
-            }
             if node.record.swarm.is_some() {
                 hand_off(node, ctx);
             } else {
@@ -408,14 +420,12 @@ pub(crate) fn fold_bootstrap(
         }
         BootstrapEvent::Failed { failure, detail } => {
             facts.stage = BootstrapStage::Failed(*failure);
-            if node.record.stage != NodeStage::Failed {
-                fail_attempt(
-                    node,
-                    format!("bootstrap failed ({failure:?}): {detail}"),
-                    false,
-                    ctx,
-                )?;
-            }
+            fail_attempt(
+                node,
+                format!("bootstrap failed ({failure:?}): {detail}"),
+                false,
+                ctx,
+            )?;
         }
     }
     Ok(Ok(()))

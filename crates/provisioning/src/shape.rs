@@ -16,7 +16,7 @@ pub const MAX_NODES: u64 = 1 << 22;
 pub const MAX_NAME_LEN: usize = 63;
 
 /// A declared cluster: which node groups exist and how many nodes each has.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ClusterShape {
     /// The run this shape belongs to; fixed for a driver's lifetime.
     pub run_id: RunId,
@@ -27,7 +27,7 @@ pub struct ClusterShape {
 }
 
 /// One group of identical nodes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeGroup {
     /// The group name; slots are named `{id}-{index}`.
     pub id: GroupId,
@@ -41,7 +41,7 @@ pub struct NodeGroup {
 
 /// Everything that defines one node of a group. Any difference between a
 /// node's template and the desired one means the node's attempt is replaced.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeTemplate {
     /// The role the node plays in the run (for example `trainer`).
     pub role: String,
@@ -56,7 +56,7 @@ pub struct NodeTemplate {
 }
 
 /// The provider-facing description of a machine.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProviderShape {
     /// The image or binary the provider boots.
     pub image: String,
@@ -67,7 +67,7 @@ pub struct ProviderShape {
 }
 
 /// Boot parameters applied by the bootstrap session.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BootParams {
     /// The user the workload runs as, where the provider supports it.
     pub user: String,
@@ -82,7 +82,7 @@ pub struct BootParams {
 }
 
 /// How an agent joins the run's swarm.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SwarmJoinTemplate {
     /// The swarm (within the run) the agent joins.
     pub swarm: String,

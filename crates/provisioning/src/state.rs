@@ -25,7 +25,9 @@ pub struct ClusterState {
 }
 
 /// Whether a node should exist or is being torn down.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum Intent {
     /// The node should be brought up and kept ready.
     Active,
@@ -34,7 +36,9 @@ pub enum Intent {
 }
 
 /// The lifecycle stage of one attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum NodeStage {
     /// Inserted; nothing dispatched yet.
     New,
@@ -77,7 +81,9 @@ impl NodeStage {
 }
 
 /// Progress stages a bootstrap stream reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum BootstrapProgress {
     /// The session object exists.
     Created,
@@ -96,7 +102,9 @@ pub enum BootstrapProgress {
 }
 
 /// Ways a bootstrap session can fail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum BootstrapFailure {
     /// Could not connect to the endpoint.
     ConnectFailed,
@@ -122,7 +130,9 @@ impl BootstrapFailure {
 }
 
 /// The last bootstrap fact folded for a session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum BootstrapStage {
     /// A progress stage.
     Progress(BootstrapProgress),
@@ -137,7 +147,9 @@ pub enum BootstrapStage {
 }
 
 /// Whether a bootstrap session is still running.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum SessionState {
     /// Running, or possibly running: cleanup must cancel it.
     Active,
@@ -148,7 +160,7 @@ pub enum SessionState {
 }
 
 /// Facts about the lease of the current attempt.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeaseFacts {
     /// The attempt the lease was created for.
     pub attempt: NodeAttemptId,
@@ -161,7 +173,7 @@ pub struct LeaseFacts {
 }
 
 /// Facts about the endpoint of the current attempt.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EndpointFacts {
     /// The attempt the endpoint belongs to.
     pub attempt: NodeAttemptId,
@@ -172,7 +184,7 @@ pub struct EndpointFacts {
 }
 
 /// Facts about the bootstrap session of the current attempt.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BootstrapFacts {
     /// The attempt the session belongs to.
     pub attempt: NodeAttemptId,
@@ -188,7 +200,7 @@ pub struct BootstrapFacts {
 }
 
 /// Facts about the agent's swarm membership.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SwarmJoinFacts {
     /// The attempt whose agent joined.
     pub attempt: NodeAttemptId,
@@ -197,7 +209,7 @@ pub struct SwarmJoinFacts {
 }
 
 /// Why and when an attempt failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FailureFacts {
     /// A human-readable reason.
     pub reason: String,
@@ -206,7 +218,7 @@ pub struct FailureFacts {
 }
 
 /// The lifecycle facts of one attempt.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeRecord {
     /// The stage.
     pub stage: NodeStage,
@@ -259,7 +271,7 @@ impl Default for NodeRecord {
 }
 
 /// The single operation a node may have in flight.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PendingOperation {
     /// The operation.
     pub id: OperationId,
@@ -273,7 +285,7 @@ pub struct PendingOperation {
 
 /// An ambiguous create or bootstrap start that must be re-issued before any
 /// destructive step.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AmbiguousOperation {
     /// The operation whose outcome is unknown.
     pub op: OperationId,
@@ -283,7 +295,7 @@ pub struct AmbiguousOperation {
 
 /// Per-node retry bookkeeping. Deadlines are computed when an observation is
 /// folded and only read by the decider.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RetryState {
     /// Failures since the node was last ready; carries into a replacement.
     pub consecutive_failures: u32,

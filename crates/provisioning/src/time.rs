@@ -11,7 +11,20 @@ use std::time::Duration;
 use thiserror::Error;
 
 /// A point in time, in milliseconds since the caller's epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct Timestamp(u64);
 
 impl Timestamp {

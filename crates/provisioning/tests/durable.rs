@@ -1,0 +1,299 @@
+//! The durable form of the driver's memory (SPEC §13): change sets, the
+//! serialized form, and recovery after a controller crash.
+
+mod common;
+
+use common::*;
+use provisioning::effect::Operation;
+use provisioning::{
+    ChangeSet, ClusterDriver, DURABLE_FORMAT, DurableState, EffectError, EffectKind, RecoveryError,
+    RetryPolicy, RunId, Timestamp,
+};
+
+fn drive(d: &mut ClusterDriver, sink: &mut RecordingSink, now: Timestamp) -> Vec<Operation> {
+    d.drive_until_blocked(now, sink).unwrap();
+    sink.take()
+}
+
+/// A journal as a test keeps it: the first change set, then every later one
+/// applied on top.
+struct Journal(Option<DurableState>);
+
+impl Journal {
+    fn commit(&mut self, d: &mut ClusterDriver, now: Timestamp) -> ChangeSet {
+        let changes = d.take_changes(now);
+        match &mut self.0 {
+            Some(state) => state.apply(&changes),
+            None => {
+                let meta = changes
+                    .meta
+                    .clone()
+                    .expect("the first change set has the meta");
+                let mut state = DurableState {
+                    meta,
+                    nodes: Vec::new(),
+                };
+                state.apply(&changes);
+                self.0 = Some(state);
+            }
+        }
+        changes
+    }
+
+    fn state(&self) -> DurableState {
+        self.0.clone().expect("committed")
+    }
+}
+
+fn run() -> RunId {
+    RunId::new(RUN)
+}
+
+#[test]
+fn a_change_set_holds_only_the_nodes_that_changed_since_the_last_one() {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, vec![group("g", 3, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    let creates = drive(&mut d, &mut sink, now);
+    assert_eq!(creates.len(), 3);
+    let mut journal = Journal(None);
+    let first = journal.commit(&mut d, now);
+    assert_eq!(first.upserts.len(), 3);
+    assert!(first.meta.is_some());
+    assert!(d.take_changes(now).is_empty(), "nothing changed since");
+
+    d.apply_executor_result(&success(&creates[1]), now).unwrap();
+    let changes = journal.commit(&mut d, now);
+    let ids: Vec<_> = changes
+        .upserts
+        .iter()
+        .map(|e| e.node.node.to_string())
+        .collect();
+    assert_eq!(ids, vec!["g-1"]);
+    assert!(changes.meta.is_none(), "no meta change from a result");
+
+    let lookup = drive(&mut d, &mut sink, now);
+    assert_eq!(lookup.len(), 1);
+    let changes = journal.commit(&mut d, now);
+    assert_eq!(changes.upserts.len(), 1);
+    assert_eq!(
+        changes.upserts[0].node.pending.as_ref().map(|p| p.id),
+        Some(lookup[0].id),
+        "the dispatch is in the change set, pending"
+    );
+}
+
+#[test]
+fn reaped_nodes_are_removed_and_allocations_move_the_meta() {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, vec![group("g", 2, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    converge(&mut d, &mut sink, now);
+    let mut journal = Journal(None);
+    journal.commit(&mut d, now);
+    d.update_desired(shape(2, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    converge(&mut d, &mut sink, now);
+    let changes = journal.commit(&mut d, now);
+    assert_eq!(
+        changes
+            .removed
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        vec!["g-1"]
+    );
+    let meta = changes.meta.expect("the generation changed");
+    assert_eq!(meta.desired.generation.get(), 2);
+    assert_eq!(journal.state().nodes.len(), 1);
+}
+
+#[test]
+fn the_durable_form_round_trips_through_json() {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, vec![group("g", 2, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(5);
+    let creates = drive(&mut d, &mut sink, now);
+    d.apply_executor_result(
+        &reply(&creates[0], Err(EffectError::ambiguous("lost"))),
+        now,
+    )
+    .unwrap();
+    let state = d.durable_state(now);
+    let meta = serde_json::to_string(&state.meta).unwrap();
+    assert_eq!(
+        serde_json::from_str::<provisioning::DurableMeta>(&meta).unwrap(),
+        state.meta
+    );
+    for entry in &state.nodes {
+        let node = serde_json::to_string(&entry.node).unwrap();
+        let template = serde_json::to_string(&*entry.template).unwrap();
+        assert_eq!(
+            serde_json::from_str::<provisioning::DurableNode>(&node).unwrap(),
+            entry.node
+        );
+        assert_eq!(
+            serde_json::from_str::<provisioning::NodeTemplate>(&template).unwrap(),
+            *entry.template
+        );
+    }
+}
+
+#[test]
+fn a_recovered_driver_without_pending_work_equals_the_one_that_wrote_it() {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, vec![group("g", 3, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(1_000);
+    converge(&mut d, &mut sink, now);
+    let mut journal = Journal(None);
+    journal.commit(&mut d, now);
+    let (recovered, report) =
+        ClusterDriver::recover(&run(), journal.state(), RetryPolicy::default(), now).unwrap();
+    assert_eq!(report.nodes, 3);
+    assert_eq!(report.pending_made_ambiguous, 0);
+    assert_eq!(recovered.state(), d.state());
+    assert_eq!(recovered.desired().shape(), d.desired().shape());
+    assert!(recovered.is_converged());
+}
+
+#[test]
+fn recovery_makes_pending_operations_ambiguous_and_the_ladder_reissues_them() {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    let create = drive(&mut d, &mut sink, now).remove(0);
+    let mut journal = Journal(None);
+    journal.commit(&mut d, now);
+    // The controller dies with the create in flight; it restarts later.
+    drop(d);
+    let later = at(500_000);
+    let (mut r, report) =
+        ClusterDriver::recover(&run(), journal.state(), RetryPolicy::default(), later).unwrap();
+    assert_eq!(report.pending_made_ambiguous, 1);
+    let id = node("g-0");
+    let managed = &r.state().nodes[&id];
+    assert!(managed.pending.is_none());
+    let ambiguous = managed.retry.ambiguous.as_ref().expect("remembered");
+    assert_eq!(
+        (ambiguous.op, ambiguous.kind),
+        (create.id, EffectKind::CreateLease)
+    );
+    assert!(drive(&mut r, &mut sink, later).is_empty(), "backoff first");
+    let reissue = drive(&mut r, &mut sink, at(600_000));
+    assert_eq!(reissue.len(), 1);
+    assert_eq!(reissue[0].kind(), EffectKind::CreateLease);
+    assert_eq!(
+        reissue[0].attempt(),
+        create.attempt(),
+        "the same attempt: the provider adopts"
+    );
+    assert!(reissue[0].id.sequence() > create.id.sequence());
+    let changes = r.take_changes(at(600_000));
+    assert_eq!(
+        changes.upserts.len(),
+        1,
+        "what recovery changed is journaled"
+    );
+}
+
+#[test]
+fn the_allocator_resumes_above_its_mark_so_attempt_ids_are_never_reused() {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, vec![group("g", 2, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    converge(&mut d, &mut sink, now);
+    // Scale down and up: attempts 1 and 2 were used, 3 is the next.
+    d.update_desired(shape(2, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    converge(&mut d, &mut sink, now);
+    let mut journal = Journal(None);
+    journal.commit(&mut d, now);
+    let (mut r, report) =
+        ClusterDriver::recover(&run(), journal.state(), RetryPolicy::default(), now).unwrap();
+    assert!(!report.allocator_raised);
+    r.update_desired(shape(3, vec![group("g", 2, "img:1")]))
+        .unwrap();
+    let ops = drive(&mut r, &mut sink, now);
+    assert_eq!(ops.len(), 1);
+    assert_eq!(ops[0].attempt().get(), 3);
+}
+
+#[test]
+fn a_stored_mark_below_a_stored_attempt_is_raised_and_reported() {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, vec![group("g", 2, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    converge(&mut d, &mut sink, at(0));
+    let mut state = d.durable_state(at(0));
+    state.meta.next_attempt = 1;
+    let (r, report) = ClusterDriver::recover(&run(), state, RetryPolicy::default(), at(0)).unwrap();
+    assert!(report.allocator_raised);
+    assert_eq!(r.state().attempts.next_unallocated(), 3);
+}
+
+#[test]
+fn stored_deadlines_keep_the_time_they_had_left_on_the_new_clock() {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let create = drive(&mut d, &mut sink, at(10_000)).remove(0);
+    d.apply_executor_result(
+        &reply(&create, Err(EffectError::definite("quota"))),
+        at(10_000),
+    )
+    .unwrap();
+    let backoff = d.state().nodes[&node("g-0")].retry.next_effect_at.unwrap();
+    assert_eq!(backoff, at(11_000));
+    // Written at 10 500 (500 ms left); the new controller's clock starts at 0.
+    let state = d.durable_state(at(10_500));
+    let (r, _) = ClusterDriver::recover(&run(), state, RetryPolicy::default(), at(0)).unwrap();
+    assert_eq!(
+        r.state().nodes[&node("g-0")].retry.next_effect_at,
+        Some(at(500))
+    );
+}
+
+#[test]
+fn a_state_of_another_run_or_format_is_refused() {
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let state = d.durable_state(at(0));
+    assert!(matches!(
+        ClusterDriver::recover(
+            &RunId::new("other"),
+            state.clone(),
+            RetryPolicy::default(),
+            at(0)
+        ),
+        Err(RecoveryError::RunMismatch { .. })
+    ));
+    let mut newer = state;
+    newer.meta.format = DURABLE_FORMAT + 1;
+    assert!(matches!(
+        ClusterDriver::recover(&run(), newer, RetryPolicy::default(), at(0)),
+        Err(RecoveryError::UnsupportedFormat { .. })
+    ));
+}
