@@ -69,7 +69,10 @@ pub use driver_under_test::DriverUnderTest;
 pub use fake::{Defect, FakeBackend, FakeSubstrate};
 pub use generate::{GeneratorConfig, generate};
 pub use guarantee::{GuaranteeId, Phase, Violation};
-pub use harness::{DriverSetup, Mode, RunOptions, RunOutcome, Vacuity, cluster_driver, run_trace};
+pub use harness::{
+    BuildError, DriverSetup, Mode, RunOptions, RunOutcome, StepReport, Stepper, StepperBuilder,
+    TailOutcome, Vacuity, cluster_driver, default_shape, kit_template, run_trace,
+};
 pub use plugin_fake::{FakePlugin, PluginDefect};
 pub use plugin_substrate::{PluginSubstrate, ScriptablePlugin};
 pub use prng::SplitMix64;

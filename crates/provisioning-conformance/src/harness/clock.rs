@@ -10,7 +10,7 @@ use crate::guarantee::{GuaranteeId, Violation};
 use crate::oracle::{FoldCause, breach};
 use crate::substrate::Substrate;
 
-impl<S: Substrate> Harness<'_, S> {
+impl<S: Substrate> Harness<S> {
     /// Moves the clock to `target`, waking at every stored deadline on the way.
     pub(super) fn advance_to(&mut self, target: Timestamp) -> Result<(), Violation> {
         for _ in 0..MAX_WAKES_PER_TICK {

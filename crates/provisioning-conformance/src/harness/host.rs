@@ -1,6 +1,5 @@
 //! The host loop: inputs, settling, deliveries and the per-step checks.
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
@@ -8,35 +7,37 @@ use provisioning::driver::{DriverError, NodeError};
 use provisioning::{
     ClusterState, DesiredUpdate, EffectOutput, EndpointLookup, ExecutorResult,
     IdempotentEffectExecutor, Intent, LeaseHandle, LogicalNodeId, ManagedNode, NodeAttemptId,
-    Observation, OperationId, RetryPolicy, RunId, SessionHandle, Timestamp,
+    Observation, OperationId, RetryPolicy, SessionHandle, Timestamp,
 };
 
 use super::{
-    Delivery, DriverFactory, DriverSetup, Harness, MAX_HISTORY, MAX_SETTLE_ROUNDS, Mode, NodeShape,
-    QUIESCENCE_PROBE_PERIOD, RUN_NAME, RunDigest, RunOptions, RunOutcome, ShapeModel, Vacuity,
-    summarize,
+    Delivery, DriverFactory, DriverSetup, Harness, MAX_HISTORY, MAX_SETTLE_ROUNDS, NodeShape,
+    QUIESCENCE_PROBE_PERIOD, RunDigest, RunOptions, RunOutcome, ShapeModel, Vacuity, summarize,
 };
 use crate::guarantee::{GuaranteeId, Phase, Violation};
 use crate::oracle::{self, Breach, FoldCause, Verdict, breach};
 use crate::substrate::Substrate;
-use crate::trace::{Input, RevisionProbe, Trace};
+use crate::trace::{Input, RevisionProbe, TraceHeader};
 
-impl<'p, S: Substrate> Harness<'p, S> {
+impl<S: Substrate> Harness<S> {
+    /// Builds the driver (with `factory`) and the executor over `substrate`
+    /// for a run of `model` under `header`. Submits nothing yet.
     pub(super) fn new(
         substrate: S,
         factory: &DriverFactory,
-        trace: &Trace,
+        header: &TraceHeader,
+        model: ShapeModel,
+        first_generation: u64,
         options: RunOptions,
-        phase: &'p Cell<Phase>,
     ) -> Result<Self, Violation> {
         let policy = RetryPolicy {
-            jitter_per_mille: trace.header.jitter_per_mille,
+            jitter_per_mille: header.jitter_per_mille,
             ..RetryPolicy::default()
         };
         let setup = DriverSetup {
-            run_id: RunId::new(RUN_NAME),
+            run_id: model.run_id().clone(),
             policy,
-            attempt_limit: trace.header.attempt_limit,
+            attempt_limit: header.attempt_limit,
         };
         let driver = factory(&setup).map_err(|error| Violation {
             guarantee: GuaranteeId::ErrorsNotPanics,
@@ -51,10 +52,10 @@ impl<'p, S: Substrate> Harness<'p, S> {
             driver,
             options,
             strict_calls,
-            phase,
-            now: Timestamp::from_millis(trace.header.clock_start_ms),
-            model: ShapeModel::initial(),
-            generation: 0,
+            phase: Phase::Setup,
+            now: Timestamp::from_millis(header.clock_start_ms),
+            model,
+            generation: first_generation.saturating_sub(1),
             history: VecDeque::new(),
             timed_out: BTreeSet::new(),
             ever_pending: BTreeSet::new(),
@@ -66,6 +67,8 @@ impl<'p, S: Substrate> Harness<'p, S> {
             vacuity: Vacuity::default(),
             edges_reached: false,
             converged: false,
+            tail_rounds: 0,
+            tail_new_attempts: 0,
             steps: 0,
             narration: Vec::new(),
         })
@@ -74,7 +77,7 @@ impl<'p, S: Substrate> Harness<'p, S> {
     pub(super) fn violation(&self, breach: Breach) -> Violation {
         Violation {
             guarantee: breach.guarantee,
-            phase: self.phase.get(),
+            phase: self.phase,
             detail: breach.detail,
         }
     }
@@ -83,31 +86,80 @@ impl<'p, S: Substrate> Harness<'p, S> {
         verdict.map_err(|b| self.violation(b))
     }
 
-    pub(super) fn run(&mut self, trace: &Trace) -> Result<(), Violation> {
-        self.phase.set(Phase::Setup);
+    /// Submits the initial shape and settles: the setup phase of a run.
+    pub(super) fn set_up(&mut self) -> Result<(), Violation> {
+        self.phase = Phase::Setup;
         self.submit_shape()?;
         self.settle()?;
+        self.check_state()
+    }
+
+    /// Applies the next input of the run and checks what the oracle checks
+    /// after every input (and, every [`QUIESCENCE_PROBE_PERIOD`] inputs, a
+    /// forced pass).
+    pub(super) fn input(&mut self, input: &Input) -> Result<(), Violation> {
+        let index = self.steps;
+        self.phase = Phase::Input(index);
+        self.apply(input)?;
+        self.steps = index + 1;
         self.check_state()?;
-        for (index, input) in trace.inputs.iter().enumerate() {
-            self.phase.set(Phase::Input(index));
-            self.apply(input)?;
-            self.steps = index + 1;
-            self.check_state()?;
-            if (index + 1) % QUIESCENCE_PROBE_PERIOD == 0 {
-                self.probe_quiescence()?;
-            }
-            if self.options.narrate {
-                let summary = summarize(self.driver.state());
-                self.narration
-                    .push(format!("#{index} {input} => {summary}"));
-            }
+        if (index + 1) % QUIESCENCE_PROBE_PERIOD == 0 {
+            self.probe_quiescence()?;
         }
-        self.phase.set(Phase::End);
-        self.probe_quiescence()?;
-        if self.options.mode == Mode::Fair {
-            self.fair_tail()?;
+        if self.options.narrate {
+            let summary = summarize(self.driver.state());
+            self.narration
+                .push(format!("#{index} {input} => {summary}"));
         }
         Ok(())
+    }
+
+    /// The check at the end of the inputs: a forced pass (G19).
+    pub(super) fn end_of_inputs(&mut self) -> Result<(), Violation> {
+        self.phase = Phase::End;
+        self.probe_quiescence()
+    }
+
+    /// The vacuity counts so far, with the substrate's and the executor's
+    /// counters folded in.
+    pub(super) fn vacuity_so_far(&self) -> Vacuity {
+        let mut vacuity = self.vacuity;
+        vacuity.adoptions_after_ambiguity = self.substrate.counters().adoptions;
+        vacuity.late_results_discarded += self.executor.counters().late_dropped;
+        if self.edges_reached {
+            vacuity.edges_reached = 1;
+        }
+        vacuity
+    }
+
+    /// The per-slot shape of the cluster now, for the confluence check.
+    pub(super) fn node_shapes(&self) -> BTreeMap<LogicalNodeId, NodeShape> {
+        self.driver
+            .state()
+            .nodes
+            .iter()
+            .map(|(id, node)| {
+                (
+                    id.clone(),
+                    NodeShape {
+                        spec: node.spec.clone(),
+                        stage: node.record.stage,
+                        ready: node.record.ready,
+                        intent: node.intent,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// What identifies the run so far (G18).
+    pub(super) fn digest(&self) -> RunDigest {
+        RunDigest {
+            calls: self.calls.clone(),
+            state: self.driver.state().clone(),
+            live: self.substrate.live_resources(),
+            steps: self.steps,
+        }
     }
 
     pub(super) fn finish(
@@ -115,37 +167,14 @@ impl<'p, S: Substrate> Harness<'p, S> {
         violation: Option<Violation>,
         narration: Vec<String>,
     ) -> RunOutcome {
-        let executor = self.executor.counters();
-        let substrate = self.substrate.counters();
-        self.vacuity.adoptions_after_ambiguity = substrate.adoptions;
-        self.vacuity.late_results_discarded += executor.late_dropped;
-        if self.edges_reached {
-            self.vacuity.edges_reached = 1;
-        }
-        let state = self.driver.state().clone();
-        let converged_shape = self.converged.then(|| {
-            state
-                .nodes
-                .iter()
-                .map(|(id, node)| {
-                    (
-                        id.clone(),
-                        NodeShape {
-                            spec: node.spec.clone(),
-                            stage: node.record.stage,
-                            ready: node.record.ready,
-                            intent: node.intent,
-                        },
-                    )
-                })
-                .collect()
-        });
+        let vacuity = self.vacuity_so_far();
+        let converged_shape = self.converged.then(|| self.node_shapes());
         RunOutcome {
             violation,
-            vacuity: self.vacuity,
+            vacuity,
             digest: RunDigest {
                 calls: std::mem::take(&mut self.calls),
-                state,
+                state: self.driver.state().clone(),
                 live: self.substrate.live_resources(),
                 steps: self.steps,
             },

@@ -11,10 +11,16 @@
 //! checks only) or fair (the same trace, then a fair-scheduler tail in which
 //! faults stop, hung work is released, every queued result is delivered and
 //! time advances — and the cluster must converge).
+//!
+//! [`Stepper`] is the harness one input at a time, from any [`Substrate`]
+//! and any initial [`ClusterShape`]: the oracle checks after each
+//! [`Stepper::step`], and between steps the driver's state, the desired
+//! shape, the executor's counters, the substrate's ledger and the vacuity
+//! counts can be read; [`Stepper::run_fair_tail`] runs the fair tail on
+//! demand. [`run_trace`] is a stepper stepped through a whole trace from
+//! [`default_shape`], so both share one code path.
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use provisioning::driver::DriverError;
 use provisioning::id::AttemptAllocator;
@@ -243,7 +249,11 @@ pub struct RunOutcome {
     pub narration: Vec<String>,
 }
 
-/// Runs `trace` against a fresh `substrate` and the driver `factory` builds.
+/// Runs `trace` against a fresh `substrate` and the driver `factory` builds,
+/// from the kit's initial shape ([`default_shape`]: group `a` with two nodes).
+///
+/// This is [`Stepper`] run to the end: build, one [`Stepper::step`] per
+/// input until the first violation, then [`Stepper::finish`].
 ///
 /// # Guarantees
 /// Never panics because of the driver, executor or backend: a panic escaping
@@ -255,44 +265,45 @@ pub fn run_trace<S: Substrate>(
     trace: &Trace,
     options: RunOptions,
 ) -> RunOutcome {
-    let phase = Cell::new(Phase::Setup);
-    let mut narration = Vec::new();
-    let mut slot: Option<Harness<S>> = None;
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        let harness = Harness::new(substrate, factory, trace, options, &phase)?;
-        let harness = slot.insert(harness);
-        harness.run(trace)
-    }));
-    let violation = match result {
-        Ok(Ok(())) => None,
-        Ok(Err(violation)) => Some(violation),
-        Err(payload) => Some(Violation {
-            guarantee: GuaranteeId::ErrorsNotPanics,
-            phase: phase.get(),
-            detail: format!("a step panicked: {}", panic_text(payload.as_ref())),
-        }),
-    };
-    match slot {
-        Some(mut harness) => {
-            narration.append(&mut harness.narration);
-            harness.finish(violation, narration)
+    let built = Stepper::builder(substrate)
+        .driver(factory)
+        .header(trace.header.clone())
+        .options(options)
+        .build();
+    let mut stepper = match built {
+        Ok(stepper) => stepper,
+        Err(error) => {
+            let violation = match error {
+                BuildError::Setup(violation) => violation,
+                BuildError::InvalidShape(error) => Violation {
+                    guarantee: GuaranteeId::ErrorsNotPanics,
+                    phase: Phase::Setup,
+                    detail: format!("the kit's initial shape is invalid: {error}"),
+                },
+            };
+            return RunOutcome {
+                violation: Some(violation),
+                vacuity: Vacuity::default(),
+                digest: RunDigest {
+                    calls: Vec::new(),
+                    state: ClusterState::default(),
+                    live: LiveResources::default(),
+                    steps: 0,
+                },
+                converged: false,
+                edges_reached: false,
+                deterministic: false,
+                converged_shape: None,
+                narration: Vec::new(),
+            };
         }
-        None => RunOutcome {
-            violation,
-            vacuity: Vacuity::default(),
-            digest: RunDigest {
-                calls: Vec::new(),
-                state: ClusterState::default(),
-                live: LiveResources::default(),
-                steps: 0,
-            },
-            converged: false,
-            edges_reached: false,
-            deterministic: false,
-            converged_shape: None,
-            narration,
-        },
+    };
+    for input in &trace.inputs {
+        if stepper.step(input).is_err() {
+            break;
+        }
     }
+    stepper.finish()
 }
 
 /// The text of a panic's payload, for reports.
@@ -309,9 +320,13 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 mod clock;
 mod host;
 mod model;
+mod stepper;
 mod tail;
 
 use model::ShapeModel;
+pub use stepper::{
+    BuildError, StepReport, Stepper, StepperBuilder, TailOutcome, default_shape, kit_template,
+};
 
 #[derive(Clone, Debug)]
 enum Delivery {
@@ -319,13 +334,15 @@ enum Delivery {
     Observation(Observation),
 }
 
-struct Harness<'p, S: Substrate> {
+/// The host the harness plays: everything one run holds. [`Stepper`] is its
+/// public face.
+struct Harness<S: Substrate> {
     substrate: S,
     executor: IdempotentEffectExecutor<S::Backend>,
     driver: Box<dyn DriverUnderTest>,
     options: RunOptions,
     strict_calls: bool,
-    phase: &'p Cell<Phase>,
+    phase: Phase,
     now: Timestamp,
     model: ShapeModel,
     generation: u64,
@@ -340,6 +357,8 @@ struct Harness<'p, S: Substrate> {
     vacuity: Vacuity,
     edges_reached: bool,
     converged: bool,
+    tail_rounds: usize,
+    tail_new_attempts: u64,
     steps: usize,
     narration: Vec<String>,
 }

@@ -8,8 +8,13 @@ use crate::oracle::{self, breach};
 use crate::substrate::Substrate;
 use crate::trace::WorkStep;
 
-impl<S: Substrate> Harness<'_, S> {
+impl<S: Substrate> Harness<S> {
+    /// Runs the fair tail. Records the rounds it took and the attempts it
+    /// allocated; whether it converged is [`Harness::converged`].
     pub(super) fn fair_tail(&mut self) -> Result<(), Violation> {
+        self.converged = false;
+        self.tail_rounds = 0;
+        self.tail_new_attempts = 0;
         self.substrate.stop_faults();
         let attempts_before = self.driver.state().attempts.next_unallocated();
         let order = match self.options.tail_order {
@@ -17,7 +22,8 @@ impl<S: Substrate> Harness<'_, S> {
             order => order,
         };
         for round in 0..FAIR_ROUNDS_MAX {
-            self.phase.set(Phase::Tail(round));
+            self.phase = Phase::Tail(round);
+            self.tail_rounds = round + 1;
             for _ in 0..FAIR_INNER_MAX {
                 let released = self.substrate.release_all_hangs();
                 let ran = self.substrate.run_work(order);
@@ -42,7 +48,13 @@ impl<S: Substrate> Harness<'_, S> {
             self.advance_to(next)?;
             self.check_state()?;
         }
-        self.phase.set(Phase::End);
+        self.phase = Phase::End;
+        self.tail_new_attempts = self
+            .driver
+            .state()
+            .attempts
+            .next_unallocated()
+            .saturating_sub(attempts_before);
         if self.edges_reached {
             return Ok(());
         }
@@ -57,12 +69,7 @@ impl<S: Substrate> Harness<'_, S> {
             )));
         }
         self.probe_quiescence()?;
-        let new_attempts = self
-            .driver
-            .state()
-            .attempts
-            .next_unallocated()
-            .saturating_sub(attempts_before);
+        let new_attempts = self.tail_new_attempts;
         let nodes = self.driver.desired().node_count();
         let bound = 2 * nodes + 2;
         self.check(if new_attempts <= bound {
