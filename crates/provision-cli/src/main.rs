@@ -11,7 +11,7 @@ mod local;
 mod shape_file;
 mod up;
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand};
 use provisioning::{ClusterState, Generation, Timestamp};
-use provisioning_runtime::{ChangeKind, PlanReport, plan_against};
+use provisioning_runtime::{ChangeKind, PlanReport, PlannedChange, plan_against};
 use tracing_subscriber::EnvFilter;
 
 use crate::control::{Request, Response, SocketLocation};
@@ -137,10 +137,22 @@ fn init_logging(verbose: u8) {
             _ => "trace",
         })
     });
+    let colour = use_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .try_init();
+}
+
+/// Whether log lines get ANSI colours: only on a terminal, and never when
+/// `NO_COLOR` is set to a non-empty value (<https://no-color.org>). A log
+/// redirected to a file or a pipe stays plain text.
+fn use_colour(terminal: bool, no_color: Option<&OsStr>) -> bool {
+    terminal && no_color.is_none_or(OsStr::is_empty)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -262,16 +274,21 @@ fn plan_text(report: &PlanReport, against: &str) -> String {
         "plan for run {} (generation {}) against {against}:\n",
         report.run_id, report.generation
     );
-    for change in &report.changes {
-        let attempt = change
-            .attempt
-            .map(|a| format!(" (attempt {a})"))
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "  {:<9} {}{attempt}\n",
-            change.change.name(),
-            change.node
-        ));
+    for run in change_runs(&report.changes) {
+        let kind = run.first.change.name();
+        if run.count == 1 {
+            let attempt = run
+                .first
+                .attempt
+                .map(|a| format!(" (attempt {a})"))
+                .unwrap_or_default();
+            out.push_str(&format!("  {kind:<9} {}{attempt}\n", run.first.node));
+        } else {
+            out.push_str(&format!(
+                "  {kind:<9} {} \u{2026} {} ({} nodes)\n",
+                run.first.node, run.last.node, run.count
+            ));
+        }
     }
     out.push_str(&format!(
         "{} to create, {} to replace, {} to remove, {} unchanged\n",
@@ -281,6 +298,51 @@ fn plan_text(report: &PlanReport, against: &str) -> String {
         report.count(ChangeKind::Keep),
     ));
     out
+}
+
+/// Consecutive slots of one group that get the same change: one line of the
+/// human plan.
+struct ChangeRun<'a> {
+    first: &'a PlannedChange,
+    last: &'a PlannedChange,
+    count: usize,
+}
+
+/// The group and index of a slot named `{group}-{index}`; `None` for a name
+/// of another form (which then stands on a line of its own).
+fn slot_of(node: &str) -> Option<(&str, u32)> {
+    let (group, index) = node.rsplit_once('-')?;
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((group, index.parse().ok()?))
+}
+
+/// Splits `changes` (in slot order) into runs of consecutive indices of one
+/// group with the same change.
+fn change_runs(changes: &[PlannedChange]) -> Vec<ChangeRun<'_>> {
+    let mut runs: Vec<ChangeRun<'_>> = Vec::new();
+    for change in changes {
+        if let Some(run) = runs.last_mut() {
+            let follows = match (slot_of(&run.last.node), slot_of(&change.node)) {
+                (Some((group, index)), Some((next_group, next_index))) => {
+                    group == next_group && index.checked_add(1) == Some(next_index)
+                }
+                _ => false,
+            };
+            if follows && run.last.change == change.change {
+                run.last = change;
+                run.count += 1;
+                continue;
+            }
+        }
+        runs.push(ChangeRun {
+            first: change,
+            last: change,
+            count: 1,
+        });
+    }
+    runs
 }
 
 async fn down(
@@ -330,5 +392,109 @@ fn validate(file: &Path) -> ExitCode {
             eprintln!("error: {error}");
             ExitCode::from(EXIT_INVALID_INPUT)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(node: &str, change: ChangeKind, attempt: Option<u64>) -> PlannedChange {
+        PlannedChange {
+            node: node.to_owned(),
+            change,
+            attempt,
+        }
+    }
+
+    fn report(changes: Vec<PlannedChange>) -> PlanReport {
+        PlanReport {
+            run_id: "demo".to_owned(),
+            generation: 2,
+            changes,
+            next_steps: Vec::new(),
+        }
+    }
+
+    fn body(text: &str) -> Vec<&str> {
+        let lines: Vec<&str> = text.lines().collect();
+        lines[1..lines.len() - 1].to_vec()
+    }
+
+    #[test]
+    fn colour_is_used_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(
+            use_colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_colour(true, Some(OsStr::new("1"))));
+        assert!(!use_colour(false, None), "a file or a pipe gets no colour");
+        assert!(!use_colour(false, Some(OsStr::new("1"))));
+    }
+
+    #[test]
+    fn plan_text_summarises_a_100k_node_group_in_one_line() {
+        let changes = (0..100_000)
+            .map(|i| change(&format!("w-{i}"), ChangeKind::Create, None))
+            .collect();
+        let text = plan_text(&report(changes), "an empty cluster");
+        assert_eq!(
+            body(&text),
+            ["  create    w-0 \u{2026} w-99999 (100000 nodes)"]
+        );
+        assert!(
+            text.ends_with("100000 to create, 0 to replace, 0 to remove, 0 unchanged\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn plan_starts_a_new_line_at_a_gap_another_group_or_another_change() {
+        let changes = vec![
+            change("web-0", ChangeKind::Keep, Some(1)),
+            change("web-1", ChangeKind::Keep, Some(2)),
+            change("web-2", ChangeKind::Replace, Some(3)),
+            change("web-3", ChangeKind::Keep, Some(4)),
+            change("web-4", ChangeKind::Keep, Some(5)),
+            change("web-6", ChangeKind::Keep, Some(7)),
+            change("web-7", ChangeKind::Remove, Some(8)),
+            change("web-8", ChangeKind::Remove, Some(9)),
+            change("web-db-0", ChangeKind::Remove, Some(10)),
+            change("web-db-1", ChangeKind::Create, None),
+        ];
+        let text = plan_text(&report(changes), "the running cluster");
+        assert_eq!(
+            body(&text),
+            [
+                "  keep      web-0 \u{2026} web-1 (2 nodes)",
+                "  replace   web-2 (attempt 3)",
+                "  keep      web-3 \u{2026} web-4 (2 nodes)",
+                "  keep      web-6 (attempt 7)",
+                "  remove    web-7 \u{2026} web-8 (2 nodes)",
+                "  remove    web-db-0 (attempt 10)",
+                "  create    web-db-1",
+            ]
+        );
+        assert!(
+            text.ends_with("1 to create, 1 to replace, 3 to remove, 5 unchanged\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_slot_name_of_another_form_stands_on_its_own_line() {
+        assert_eq!(slot_of("web-12"), Some(("web", 12)));
+        assert_eq!(slot_of("a-b-3"), Some(("a-b", 3)));
+        assert_eq!(slot_of("web"), None);
+        assert_eq!(slot_of("web-"), None);
+        assert_eq!(slot_of("web-+1"), None);
+        assert_eq!(slot_of("web-99999999999"), None);
+        let changes = vec![
+            change("odd", ChangeKind::Create, None),
+            change("odd", ChangeKind::Create, None),
+        ];
+        let text = plan_text(&report(changes), "x");
+        assert_eq!(body(&text), ["  create    odd", "  create    odd"]);
     }
 }

@@ -36,6 +36,8 @@
 //!
 //! Unknown fields, wrong types and invalid values are errors that name the
 //! file, the line and column, and the field.
+//! A value of the file that an error echoes is cut to its first
+//! [`ECHO_CHARS_MAX`] characters, followed by `… (N characters)`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -56,6 +58,95 @@ pub(crate) const DEFAULT_PROVIDER: &str = "process";
 
 /// The swarm a group's agents join when the file names none.
 pub(crate) const DEFAULT_SWARM: &str = "main";
+
+/// The most characters of one of the file's values (a name, a key, a
+/// string) that an error echoes; longer values are cut to this many,
+/// followed by `… (N characters)`. Valid names have at most 63.
+pub(crate) const ECHO_CHARS_MAX: usize = 64;
+
+/// The most characters of an error's message, whatever it quotes.
+pub(crate) const MESSAGE_CHARS_MAX: usize = 1024;
+
+/// `text` itself when it has at most `max` characters; else its first `max`
+/// characters followed by `… (N characters)`.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((end, _)) => format!(
+            "{}\u{2026} ({} characters)",
+            &text[..end],
+            text.chars().count()
+        ),
+    }
+}
+
+/// A value of the file as an error echoes it: quoted, and cut when long
+/// (`"aaaa"… (5000 characters)`).
+fn echo(value: &str) -> String {
+    match value.char_indices().nth(ECHO_CHARS_MAX) {
+        None => format!("{value:?}"),
+        Some((end, _)) => format!(
+            "{:?}\u{2026} ({} characters)",
+            &value[..end],
+            value.chars().count()
+        ),
+    }
+}
+
+/// A number of the file as an error echoes it: a huge one in scientific
+/// notation rather than with its hundreds of digits.
+fn echo_number(number: f64) -> String {
+    let plain = number.to_string();
+    if plain.chars().count() <= ECHO_CHARS_MAX {
+        plain
+    } else {
+        format!("{number:e}")
+    }
+}
+
+/// Cuts the long quoted parts (`"..."` with escapes, or `` `...` ``) of a
+/// message built elsewhere (the TOML parser, serde), which may quote a
+/// value of the file whole; then bounds the whole message.
+fn cut_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(MESSAGE_CHARS_MAX));
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        if c != '"' && c != '`' {
+            out.push(c);
+            continue;
+        }
+        let mut inner = String::new();
+        let mut closed = false;
+        while let Some(next) = chars.next() {
+            if next == c {
+                closed = true;
+                break;
+            }
+            inner.push(next);
+            if c == '"' && next == '\\' {
+                if let Some(escaped) = chars.next() {
+                    inner.push(escaped);
+                }
+            }
+        }
+        let close = if closed { c.to_string() } else { String::new() };
+        match inner.char_indices().nth(ECHO_CHARS_MAX) {
+            None => {
+                out.push(c);
+                out.push_str(&inner);
+                out.push_str(&close);
+            }
+            Some((end, _)) => {
+                let total = inner.chars().count();
+                out.push(c);
+                out.push_str(&inner[..end]);
+                out.push_str(&close);
+                out.push_str(&format!("\u{2026} ({total} characters)"));
+            }
+        }
+    }
+    cut(&out, MESSAGE_CHARS_MAX)
+}
 
 /// A shape file that could not be used. Displays as
 /// `FILE:LINE:COLUMN: field `PATH`: MESSAGE`, omitting what is unknown.
@@ -223,8 +314,8 @@ impl Locator<'_> {
             path: self.path.to_owned(),
             line,
             column,
-            field,
-            message: message.into(),
+            field: field.map(|field| cut(&field, MESSAGE_CHARS_MAX)),
+            message: cut(&message.into(), MESSAGE_CHARS_MAX),
         }
     }
 }
@@ -295,11 +386,11 @@ pub(crate) fn parse(
 
 fn deserialize(at: &Locator<'_>) -> Result<FileDocument, ShapeFileError> {
     let deserializer = toml::de::Deserializer::parse(at.source)
-        .map_err(|error| at.error(error.span(), None, error.message().trim_end()))?;
+        .map_err(|error| at.error(error.span(), None, cut_quoted(error.message().trim_end())))?;
     serde_path_to_error::deserialize(deserializer).map_err(|error| {
         let field = field_path(error.path());
         let inner = error.into_inner();
-        at.error(inner.span(), field, inner.message().trim_end())
+        at.error(inner.span(), field, cut_quoted(inner.message().trim_end()))
     })
 }
 
@@ -318,7 +409,7 @@ fn field_path(path: &serde_path_to_error::Path) -> Option<String> {
                 if !text.is_empty() {
                     text.push('.');
                 }
-                text.push_str(key);
+                text.push_str(&cut(key, ECHO_CHARS_MAX));
             }
             Segment::Unknown => {}
         }
@@ -336,6 +427,7 @@ fn check_group(
     let field = |name: &str| Some(format!("group[{index}].{name}"));
     let value = group.get_ref();
     let id = value.id.get_ref();
+    let group_name = echo(id);
     let (provider, provider_span) = match &value.provider {
         Some(provider) => (provider.get_ref().clone(), Some(provider.span())),
         None => (DEFAULT_PROVIDER.to_owned(), Some(group.span())),
@@ -345,7 +437,8 @@ fn check_group(
             provider_span,
             field("provider"),
             format!(
-                "group {id:?} names provider kind {provider:?}, which this build does not serve (available: {})",
+                "group {group_name} names provider kind {}, which this build does not serve (available: {})",
+                echo(&provider),
                 providers.join(", ")
             ),
         ));
@@ -362,8 +455,8 @@ fn check_group(
         if let Some(problem) = problem {
             return Err(at.error(
                 Some(quantity.span()),
-                field(&format!("shape.resources.{name}")),
-                format!("group {id:?}: {number} {problem}"),
+                field(&format!("shape.resources.{}", cut(name, ECHO_CHARS_MAX))),
+                format!("group {group_name}: {} {problem}", echo_number(number)),
             ));
         }
     }
@@ -385,7 +478,7 @@ fn check_group(
             return Err(at.error(
                 Some(command.span()),
                 field(&name),
-                format!("group {id:?}: a command must not contain a NUL character"),
+                format!("group {group_name}: a command must not contain a NUL character"),
             ));
         }
     }
@@ -393,15 +486,18 @@ fn check_group(
         if name.is_empty() || name.contains('=') || name.contains('\0') {
             return Err(at.error(
                 Some(env_value.span()),
-                field(&format!("boot.env.{name}")),
-                format!("group {id:?}: {name:?} is not a valid environment variable name"),
+                field(&format!("boot.env.{}", cut(name, ECHO_CHARS_MAX))),
+                format!(
+                    "group {group_name}: {} is not a valid environment variable name",
+                    echo(name)
+                ),
             ));
         }
         if env_value.get_ref().contains('\0') {
             return Err(at.error(
                 Some(env_value.span()),
-                field(&format!("boot.env.{name}")),
-                format!("group {id:?}: the value must not contain a NUL character"),
+                field(&format!("boot.env.{}", cut(name, ECHO_CHARS_MAX))),
+                format!("group {group_name}: the value must not contain a NUL character"),
             ));
         }
     }
@@ -496,17 +592,30 @@ fn core_error(at: &Locator<'_>, document: &FileDocument, error: ShapeError) -> S
     at.error(span, field, core_message(&error))
 }
 
-/// The core's message, without the field path where the report names it.
+/// The core's message, without the field path where the report names it,
+/// and with the file's values cut to [`ECHO_CHARS_MAX`] characters.
 fn core_message(error: &ShapeError) -> String {
     match error {
+        ShapeError::InvalidRunId { run, reason } => {
+            format!("invalid run id {}: {reason}", echo(run))
+        }
+        ShapeError::InvalidGroupId { group, reason } => {
+            format!("invalid group id {}: {reason}", echo(group))
+        }
         // The field is reported on its own; the message names the value.
-        ShapeError::NonFiniteValue { group, value, .. } => {
-            format!("group {:?}: {value} is not a finite number", group.as_str())
-        }
-        ShapeError::NegativeValue { group, value, .. } => {
-            format!("group {:?}: {value} is negative", group.as_str())
-        }
-        other => other.to_string(),
+        ShapeError::NonFiniteValue { group, value, .. } => format!(
+            "group {}: {} is not a finite number",
+            echo(group.as_str()),
+            echo_number(*value)
+        ),
+        ShapeError::NegativeValue { group, value, .. } => format!(
+            "group {}: {} is negative",
+            echo(group.as_str()),
+            echo_number(*value)
+        ),
+        // The others quote names the core accepted (at most 63 characters);
+        // cut whatever they quote all the same.
+        other => cut_quoted(&other.to_string()),
     }
 }
 
@@ -682,6 +791,114 @@ swarm = "jobs"
     fn a_file_without_groups_is_an_empty_cluster() {
         let source = parse_text("run = \"demo\"\n").unwrap();
         assert!(source.groups.is_empty());
+    }
+
+    /// Every quoted part of `shown` has at most `ECHO_CHARS_MAX` characters.
+    fn assert_echoes_are_cut(shown: &str, total: usize) {
+        assert!(shown.chars().count() < 400, "{shown}");
+        assert!(
+            shown.contains(&format!("\u{2026} ({total} characters)")),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn an_over_long_value_is_echoed_cut_with_its_length() {
+        let long = "a".repeat(5000);
+        let kept = "a".repeat(ECHO_CHARS_MAX);
+
+        // The core's check of the run name.
+        let error = parse_text(&format!("run = \"{long}\"\n")).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "shape.toml:1:7: field `run`: invalid run id \"{kept}\"\u{2026} (5000 characters): longer than 63 characters"
+            )
+        );
+
+        // The core's check of a group name.
+        let error = parse_text(&format!(
+            "run = \"demo\"\n[[group]]\nid = \"{long}\"\ncount = 1\n"
+        ))
+        .unwrap_err();
+        assert_echoes_are_cut(&error.to_string(), 5000);
+        assert!(error.to_string().contains("invalid group id"), "{error}");
+
+        // The CLI's own checks, which run before the core's.
+        let error = parse_text(&format!(
+            "run = \"demo\"\n[[group]]\nid = \"{long}\"\ncount = 1\nprovider = \"{long}\"\n"
+        ))
+        .unwrap_err();
+        let shown = error.to_string();
+        assert_eq!(shown.matches("(5000 characters)").count(), 2, "{shown}");
+        assert_echoes_are_cut(&shown, 5000);
+        let error = parse_text(&format!(
+            "run = \"demo\"\n[[group]]\nid = \"web\"\ncount = 1\n[group.boot]\nenv = {{ \"{long}=\" = \"x\" }}\n"
+        ))
+        .unwrap_err();
+        assert_echoes_are_cut(&error.to_string(), 5001);
+        let error = parse_text(&format!(
+            "run = \"demo\"\n[[group]]\nid = \"web\"\ncount = 1\n[group.shape]\nresources = {{ {long} = -1e300 }}\n"
+        ))
+        .unwrap_err();
+        assert_echoes_are_cut(&error.to_string(), 5000);
+        assert!(error.to_string().contains("-1e300 is negative"), "{error}");
+
+        // The parser's messages: a wrong type quotes the value, an unknown
+        // field its name (which is also in the field path).
+        let error = parse_text(&format!(
+            "run = \"demo\"\n[[group]]\nid = \"web\"\ncount = \"{long}\"\n"
+        ))
+        .unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("group[0].count"));
+        assert_eq!(
+            error.message,
+            format!("invalid type: string \"{kept}\"\u{2026} (5000 characters), expected u32")
+        );
+        let error = parse_text(&format!(
+            "run = \"demo\"\n[[group]]\nid = \"web\"\ncount = 1\n{long} = 1\n"
+        ))
+        .unwrap_err();
+        let shown = error.to_string();
+        assert_eq!(shown.matches("(5000 characters)").count(), 2, "{shown}");
+        assert_echoes_are_cut(&shown, 5000);
+        assert_eq!(error.line, Some(5), "{error}");
+    }
+
+    #[test]
+    fn a_short_value_is_echoed_whole() {
+        let name = "b".repeat(ECHO_CHARS_MAX);
+        assert_eq!(echo(&name), format!("{name:?}"));
+        assert_eq!(cut(&name, ECHO_CHARS_MAX), name);
+        assert_eq!(
+            cut_quoted(&format!("x `{name}` y")),
+            format!("x `{name}` y")
+        );
+        assert_eq!(
+            echo("é".repeat(70).as_str()),
+            format!("{:?}\u{2026} (70 characters)", "é".repeat(64)),
+            "characters, not bytes"
+        );
+    }
+
+    #[test]
+    fn a_quoted_value_with_escapes_or_without_its_closing_quote_is_cut_too() {
+        let inner = "\\\"".repeat(50);
+        let cut_text = cut_quoted(&format!("string \"{inner}\", expected u32"));
+        assert!(
+            cut_text.ends_with("\u{2026} (100 characters), expected u32"),
+            "{cut_text}"
+        );
+        let unclosed = cut_quoted(&format!("key `{}", "c".repeat(300)));
+        assert_eq!(
+            unclosed,
+            format!("key `{}\u{2026} (300 characters)", "c".repeat(64))
+        );
+        let bounded = cut_quoted(&"d ".repeat(MESSAGE_CHARS_MAX));
+        assert!(
+            bounded.chars().count() < MESSAGE_CHARS_MAX + 32,
+            "{bounded}"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! every wait, and kills whatever is left in a drop guard.
 
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::thread::sleep;
@@ -80,22 +81,35 @@ impl Cluster {
             .env("PROVISION_SOCKET_DIR", self.socket_dir())
             .env_remove("PROVISION_SOCKET")
             .env_remove("RUST_LOG")
+            // Colour is the binary's own decision (tested below).
+            .env_remove("NO_COLOR")
             .stdin(Stdio::null());
         command
     }
 
     fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    /// Starts `up` with `args` before its own (`-v`, say).
+    fn start_with(&mut self, args: &[&str]) {
         let stdout = fs::File::create(self.dir.path().join("up.out")).expect("stdout file");
         let stderr = fs::File::create(self.dir.path().join("up.err")).expect("stderr file");
         let file = self.file();
         let child = self
-            .command(&["up", "--plain", "--shutdown-timeout", "30"])
+            .command(args)
+            .args(["up", "--plain", "--shutdown-timeout", "30"])
             .arg(&file)
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
             .expect("start provision up");
         self.up = Some(child);
+    }
+
+    /// What `up` wrote to its standard error (a file) so far.
+    fn up_stderr(&self) -> String {
+        fs::read_to_string(self.dir.path().join("up.err")).unwrap_or_default()
     }
 
     fn up_output(&self) -> String {
@@ -211,21 +225,41 @@ impl Drop for Cluster {
     }
 }
 
+/// Reads a child's pipe to its end on a thread of its own, so that a large
+/// output cannot fill the pipe and stall the child.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
+        bytes
+    })
+}
+
 fn wait_output(mut child: Child, bound: Duration) -> Output {
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let deadline = Instant::now() + bound;
-    loop {
-        if child.try_wait().expect("poll child").is_some() {
-            return child.wait_with_output().expect("collect output");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll child") {
+            break status;
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
-            let output = child.wait_with_output().expect("collect output");
+            let _ = child.wait();
+            let stderr = stderr.join().unwrap_or_default();
             panic!(
                 "command did not finish in {bound:?}: {}",
-                String::from_utf8_lossy(&output.stderr)
+                String::from_utf8_lossy(&stderr)
             );
         }
         sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().expect("read stdout"),
+        stderr: stderr.join().expect("read stderr"),
     }
 }
 
@@ -599,4 +633,125 @@ fn validate_accepts_the_shipped_examples() {
         }
     }
     assert!(checked >= 1, "no example was checked");
+}
+
+#[test]
+fn logs_written_to_a_file_carry_no_colour_codes() {
+    let mut cluster = Cluster::new("no-colour");
+    cluster.write(&[("web", 1, WORKLOAD)]);
+    cluster.start_with(&["-v"]);
+    cluster.wait_converged(1);
+    cluster.signal_up(Signal::SIGINT);
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+
+    let log = cluster.up_stderr();
+    assert!(
+        log.contains("local-process provider started"),
+        "-v logs to stderr\n{log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "a log written to a file has no ANSI escape codes:\n{log:?}"
+    );
+}
+
+/// The number of warnings in `log` about `attempt` of `node` that mention `marker`.
+fn warnings_about(log: &str, run: &str, node: &str, attempt: u64, marker: &str) -> usize {
+    let tag = format!("{run}/{node}/a{attempt}");
+    log.lines()
+        .filter(|line| line.contains("WARN") && line.contains(marker))
+        .filter(|line| {
+            line.match_indices(&tag)
+                .any(|(at, _)| !line[at + tag.len()..].starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .count()
+}
+
+#[test]
+fn an_agent_warning_appears_once_in_the_up_output() {
+    let mut cluster = Cluster::new("warn-once");
+    let marker = "verify-marker-7f3a";
+    cluster.write_text(&format!(
+        "run = \"{}\"\n[[group]]\nid = \"web\"\ncount = 1\n[group.boot]\nverify_commands = [\"echo {marker}; false\"]\nstart_command = \"{WORKLOAD}\"\n",
+        cluster.run
+    ));
+    cluster.start();
+    // Attempts 1 and 2 failed their verify command and were torn down.
+    cluster.wait_for("a third attempt after two failed verifies", |s| {
+        attempt_of(s, "web-0") >= 3
+    });
+    cluster.signal_up(Signal::SIGINT);
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+
+    let log = cluster.up_stderr();
+    for attempt in [1, 2] {
+        assert_eq!(
+            warnings_about(&log, &cluster.run, "web-0", attempt, marker),
+            1,
+            "one warning about the failed verify of attempt {attempt}:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn validate_cuts_an_over_long_value_it_echoes() {
+    let cluster = Cluster::new("long-value");
+    let long = "r".repeat(5000);
+    cluster.write_text(&format!(
+        "run = \"{long}\"\n[[group]]\nid = \"web\"\ncount = 1\n"
+    ));
+    let file = cluster.file();
+    let validate = cluster.run(&["validate", file.to_str().expect("utf-8 path")]);
+    assert_eq!(validate.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&validate.stderr);
+    assert!(
+        stderr.contains(":1:7: field `run`: invalid run id"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("\"{}\"\u{2026} (5000 characters)", "r".repeat(64))),
+        "the value is cut to its first 64 characters and its length: {stderr}"
+    );
+    assert!(stderr.len() < 400, "{} bytes: {stderr}", stderr.len());
+}
+
+#[test]
+fn plan_summarises_consecutive_slots_as_ranges() {
+    let cluster = Cluster::new("plan-ranges");
+    cluster.write_text(&format!(
+        "run = \"{}\"\n[[group]]\nid = \"w\"\ncount = 100000\n[[group]]\nid = \"db\"\ncount = 1\n",
+        cluster.run
+    ));
+    let file = cluster.file();
+    let file_arg = file.to_str().expect("utf-8 path");
+
+    let human = cluster.run(&["plan", file_arg]);
+    assert!(
+        human.status.success(),
+        "{}",
+        String::from_utf8_lossy(&human.stderr)
+    );
+    let text = String::from_utf8_lossy(&human.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(lines[0].starts_with("plan for run "), "{text}");
+    assert_eq!(lines[1], "  create    db-0", "{text}");
+    assert_eq!(
+        lines[2], "  create    w-0 \u{2026} w-99999 (100000 nodes)",
+        "{text}"
+    );
+    assert_eq!(
+        lines[3],
+        "100001 to create, 0 to replace, 0 to remove, 0 unchanged"
+    );
+
+    let json = cluster.run(&["plan", "--json", file_arg]);
+    assert!(json.status.success());
+    let plan: Value = serde_json::from_slice(&json.stdout).expect("plan --json is JSON");
+    let changes = plan["changes"].as_array().expect("changes");
+    assert_eq!(changes.len(), 100_001, "--json lists every slot");
+    assert_eq!(changes[0]["node"], "db-0");
+    assert_eq!(changes[1]["node"], "w-0");
+    assert_eq!(changes[100_000]["node"], "w-99999");
+    assert!(changes.iter().all(|c| c["change"] == "create"));
 }

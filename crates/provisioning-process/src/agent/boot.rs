@@ -119,8 +119,11 @@ pub(super) async fn serve(agent: Arc<Agent>, stream: TcpStream, fatal: mpsc::Sen
     }
 }
 
+// A refusal or a failure goes to the controller, which logs it as a warning
+// itself; the agent's own line stays below the level the controller relays
+// as a warning, so that the warning appears once.
 async fn refuse(write: &mut OwnedWriteHalf, reason: String) {
-    tracing::warn!(%reason, "boot order refused");
+    tracing::info!(%reason, "boot order refused");
     let _ = wire::write_message(write, &ControlReply::Refused { reason }).await;
 }
 
@@ -227,7 +230,8 @@ impl Boot {
     }
 
     async fn fail(&mut self, stage: FailureStage, detail: String) {
-        tracing::warn!(?stage, %detail, "boot failed");
+        // The controller logs the failure as a warning (see `refuse`).
+        tracing::info!(?stage, %detail, "boot failed");
         self.send(ControlReply::Failed { stage, detail }).await;
     }
 
