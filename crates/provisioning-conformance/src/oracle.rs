@@ -24,8 +24,8 @@ use provisioning::observe::BootstrapEvent;
 use provisioning::shape::DesiredState;
 use provisioning::state::{PendingOperation, SessionState};
 use provisioning::{
-    ClusterState, ExecutorResult, Intent, LeaseHandle, LogicalNodeId, ManagedNode, NodeAttemptId,
-    NodeStage, Observation, RetryPolicy, SessionHandle, Timestamp,
+    ClusterState, EffectKind, ExecutorResult, Intent, LeaseHandle, LogicalNodeId, ManagedNode,
+    NodeAttemptId, NodeStage, Observation, RetryPolicy, SessionHandle, Timestamp,
 };
 
 use crate::guarantee::GuaranteeId;
@@ -395,6 +395,23 @@ pub(crate) fn g07_facts_leave_only_on_confirmed_absence(
     after: &ManagedNode,
     cause: &FoldCause<'_>,
 ) -> Verdict {
+    if before.record.failure.is_some() {
+        // A failed attempt only waits for cleanup: a late stream event of it
+        // may neither add facts nor end its session (cleanup must still
+        // cancel it; the provider answers "absent" if it is gone).
+        ensure(
+            !matches!(cause, FoldCause::Observation(Observation::Bootstrap { .. }))
+                || before == after,
+            GuaranteeId::CleanupKeepsFacts,
+            || {
+                format!(
+                    "{} folded a late {} into its failed attempt",
+                    label(id, before),
+                    cause.describe()
+                )
+            },
+        )?;
+    }
     if before.record.lease.is_some() && after.record.lease.is_none() {
         ensure(
             cause.succeeded_with(|o| matches!(o, EffectOutput::LeaseDestroyed)),
@@ -511,7 +528,9 @@ pub(crate) fn g11_probe_is_not_failure(
 }
 
 /// G12 (fold form): a remembered ambiguous operation is forgotten only when
-/// an operation of its kind answers.
+/// an operation of its kind answers, or — for a bootstrap start — when the
+/// stream reports an event of the same attempt's session, which proves the
+/// session exists (adopting it needs no second start).
 pub(crate) fn g12_ambiguity_forgotten_only_by_an_answer(
     id: &LogicalNodeId,
     before: &ManagedNode,
@@ -524,19 +543,22 @@ pub(crate) fn g12_ambiguity_forgotten_only_by_an_answer(
     if after.retry.ambiguous.is_some() {
         return Ok(());
     }
-    ensure(
-        matches!(cause, FoldCause::Result(r) if r.kind == ambiguous.kind),
-        GuaranteeId::AdoptBeforeDestroy,
-        || {
-            format!(
-                "{} forgot the ambiguous {} {} on {}",
-                label(id, after),
-                ambiguous.kind,
-                ambiguous.op,
-                cause.describe()
-            )
-        },
-    )
+    let answered = match cause {
+        FoldCause::Result(r) => r.kind == ambiguous.kind,
+        FoldCause::Observation(Observation::Bootstrap { attempt, .. }) => {
+            ambiguous.kind == EffectKind::StartBootstrap && *attempt == before.attempt
+        }
+        FoldCause::Observation(_) => false,
+    };
+    ensure(answered, GuaranteeId::AdoptBeforeDestroy, || {
+        format!(
+            "{} forgot the ambiguous {} {} on {}",
+            label(id, after),
+            ambiguous.kind,
+            ambiguous.op,
+            cause.describe()
+        )
+    })
 }
 
 // ---------------------------------------------------------------------------
