@@ -2,11 +2,15 @@
 //! [`OperationId`].
 //!
 //! # Ledger rules
-//! - Submitting an operation that already completed replays its result. The
-//!   results of the last [`REPLAY_DEPTH`] operations of an attempt are kept
-//!   (an expired operation's result is its timeout); an id older than those
-//!   and below the attempt's latest submission is refused as
-//!   [`SubmitError::Stale`].
+//! - Submitting an operation that already completed replays its result:
+//!   the attempt's latest completed operation, and its latest expired one
+//!   (whose result is its timeout), even after newer operations completed.
+//!   Any other id below the attempt's latest submission is refused as
+//!   [`SubmitError::Stale`]. The rule follows from who repeats an id: a
+//!   caller moves on to a new sequence only after it received the old
+//!   result — except when the old operation expired, where what it got was
+//!   the executor's timeout; so an expired operation is the one older id a
+//!   caller may still ask about, and it is kept at a fixed, small cost.
 //! - Submitting an id again with a different input is refused.
 //! - At most one operation runs per attempt. An operation submitted while an
 //!   older one of its attempt is still physically running (typically one that
@@ -52,13 +56,6 @@ pub trait EffectBackend: Send + Sync + 'static {
         operation: &'a Operation,
     ) -> BoxFuture<'a, Result<EffectOutput, EffectError>>;
 }
-
-/// How many completed operations of one attempt the executor remembers for
-/// replay. A repeat of any of them replays its result; the driver itself only
-/// ever submits new sequences, so this bounds what a resubmitting caller
-/// (a host replaying its own log, a test) can rely on, at a fixed cost per
-/// live attempt.
-pub const REPLAY_DEPTH: usize = 4;
 
 /// How [`IdempotentEffectExecutor::submit`] handled an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,8 +143,11 @@ struct AttemptLedger {
     highest: Option<OperationSequence>,
     running: Option<Running>,
     waiting: Option<InputPrint>,
-    /// The last [`REPLAY_DEPTH`] results, oldest first.
-    completed: Vec<Completed>,
+    /// The latest completed operation (an expired one counts, with its
+    /// timeout as result).
+    completed: Option<Completed>,
+    /// The latest operation that expired; its result is always the timeout.
+    expired: Option<InputPrint>,
     retired: bool,
 }
 
@@ -158,16 +158,10 @@ impl AttemptLedger {
             highest: None,
             running: None,
             waiting: None,
-            completed: Vec::new(),
+            completed: None,
+            expired: None,
             retired: false,
         }
-    }
-
-    fn remember(&mut self, completed: Completed) {
-        if self.completed.len() >= REPLAY_DEPTH {
-            self.completed.remove(0);
-        }
-        self.completed.push(completed);
     }
 
     fn idle(&self) -> bool {
@@ -326,14 +320,17 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         if let Some(verdict) = entry.waiting.as_ref().and_then(verdict) {
             return verdict.map(|()| Submitted::AlreadyRunning);
         }
-        if let Some((completed, verdict)) = entry
+        let replay = entry
             .completed
-            .iter()
-            .rev()
-            .find_map(|c| verdict(&c.print).map(|v| (c, v)))
-        {
+            .as_ref()
+            .and_then(|c| verdict(&c.print).map(|v| (c.print.clone(), c.outcome.clone(), v)))
+            .or_else(|| {
+                let expired = entry.expired.as_ref()?;
+                verdict(expired).map(|v| (expired.clone(), Err(EffectError::timed_out()), v))
+            });
+        if let Some((print, outcome, verdict)) = replay {
             verdict?;
-            let replay = entry.result(&completed.print, completed.outcome.clone());
+            let replay = entry.result(&print, outcome);
             outbox.push_back(replay);
             counters.replayed += 1;
             drop(ledger);
@@ -411,7 +408,8 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         };
         let outcome = Err(EffectError::timed_out());
         let result = entry.result(&expired, outcome.clone());
-        entry.remember(Completed {
+        entry.expired = Some(expired.clone());
+        entry.completed = Some(Completed {
             print: expired,
             outcome,
         });
@@ -586,7 +584,7 @@ fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, E
         counters.late_dropped += 1;
     } else {
         outbox.push_back(entry.result(&running.print, outcome.clone()));
-        entry.remember(Completed {
+        entry.completed = Some(Completed {
             print: running.print,
             outcome,
         });

@@ -117,9 +117,7 @@ pub use effect::{
     Disposition, EffectError, EffectKind, EffectOutput, EffectRequest, Endpoint, EndpointLookup,
     ExecutorResult, LeaseHandle, Operation, SessionHandle,
 };
-pub use executor::{
-    EffectBackend, ExecutorCounters, IdempotentEffectExecutor, REPLAY_DEPTH, Submitted,
-};
+pub use executor::{EffectBackend, ExecutorCounters, IdempotentEffectExecutor, Submitted};
 pub use id::{
     AttemptAllocator, Generation, GroupId, IdError, LogicalNodeId, NodeAttemptId, OperationId,
     OperationSequence, RunId,
