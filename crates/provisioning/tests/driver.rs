@@ -222,7 +222,11 @@ fn a_refused_submission_is_folded_as_a_definite_failure_and_passes_again() {
             .unwrap()
             .contains("submission refused")
     );
-    assert_eq!(d.counters().dispatched, 0, "a refused operation is not dispatched");
+    assert_eq!(
+        d.counters().dispatched,
+        0,
+        "a refused operation is not dispatched"
+    );
     assert_eq!(d.counters().refused, 1);
 }
 
