@@ -16,9 +16,11 @@
 //! - [`os`] — counting and signalling a run's processes through `/proc`,
 //!   independently of the plugin's own bookkeeping.
 //!
-//! No process outlives its controller: every agent asks the kernel for a
-//! signal when its parent dies and then takes its whole process group down,
-//! and dropping the plugin kills every group it started.
+//! By default no process outlives its controller: every agent asks the
+//! kernel for a signal when its parent dies and then takes its whole process
+//! group down, and dropping the plugin kills every group it started. With
+//! [`AgentLifetime::Detached`] agents outlive the controller instead, and a
+//! restarted plugin of the same run and secret adopts and re-attaches them.
 
 pub mod agent;
 pub mod credential;
@@ -33,6 +35,6 @@ pub mod wire;
 
 pub use credential::{NodeCredential, RunSecret};
 pub use plugin::{
-    AgentCommand, DEFAULT_STOP_GRACE, ENDPOINT_PROBE_INTERVAL, PROVIDER_KIND, ProcessError,
+    AgentCommand, AgentLifetime, DEFAULT_STOP_GRACE, ENDPOINT_PROBE_INTERVAL, PROVIDER_KIND, ProcessError,
     ProcessPlugin, ProcessPluginConfig,
 };

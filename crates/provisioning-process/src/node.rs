@@ -39,11 +39,50 @@ pub(crate) async fn watch_process(
     exited: watch::Sender<bool>,
 ) {
     // Unbounded by design: it ends when the process ends, and the plugin
-    // ends every process it started (destroy, shutdown, drop).
+    // ends every process it started (destroy, shutdown, drop) unless they
+    // are detached, which is meant to outlive the plugin.
     let status = child.wait().await;
+    on_exit(&shared, &key, instance, &exited, &format!("{status:?}"));
+}
+
+/// How often the exit of an adopted agent (not this process's child, so
+/// there is nothing to wait on) is looked for in `/proc`.
+const ADOPTED_POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Watches an adopted agent through `/proc` until it is gone (or the plugin
+/// closes), then records its exit as [`watch_process`] does.
+pub(crate) async fn watch_adopted(
+    shared: Arc<Shared>,
+    key: AttemptKey,
+    instance: u64,
+    pid: i32,
+    exited: watch::Sender<bool>,
+) {
+    let mut closing = shared.shutdown.subscribe();
+    // Bounded by the agent's life and by the plugin's.
+    loop {
+        if os::tagged_process(pid, &key).is_none() {
+            break;
+        }
+        tokio::select! {
+            _ = closing.wait_for(|closing| *closing) => return,
+            () = tokio::time::sleep(ADOPTED_POLL_INTERVAL) => {}
+        }
+    }
+    on_exit(&shared, &key, instance, &exited, "gone from /proc");
+}
+
+/// Records the exit of instance `instance` of `key`'s agent.
+fn on_exit(
+    shared: &Arc<Shared>,
+    key: &AttemptKey,
+    instance: u64,
+    exited: &watch::Sender<bool>,
+    status: &str,
+) {
     let (before, group) = {
         let mut table = shared.table();
-        match table.get_mut(&key).filter(|e| e.instance == instance) {
+        match table.get_mut(key).filter(|e| e.instance == instance) {
             Some(entry) => {
                 let before = entry.life;
                 entry.life = Life::Exited;
@@ -54,15 +93,15 @@ pub(crate) async fn watch_process(
     };
     let _ = exited.send(true);
     if before == Some(Life::Running) && !shared.is_closing() {
-        tracing::warn!(node = %key, ?status, "node agent exited unexpectedly");
+        tracing::warn!(node = %key, %status, "node agent exited unexpectedly");
         // The group leader is reaped, so its id may be reused: find what is
         // left of the group by its tags instead of signalling the id.
         if let Ok(left) = os::group_processes(&key.run_id, group) {
             os::signal_processes(&left, Signal::SIGKILL);
         }
-        shared.report_lost(&key, LossCause::LeaseGone);
+        shared.report_lost(key, LossCause::LeaseGone);
     } else {
-        tracing::debug!(node = %key, ?status, "node agent exited");
+        tracing::debug!(node = %key, %status, "node agent exited");
     }
 }
 
@@ -177,11 +216,13 @@ pub(crate) async fn stop_node(shared: &Arc<Shared>, key: &AttemptKey) -> Result<
 /// cannot be reused, so the group id is safe to signal; after that, only
 /// processes carrying the node's tags are signalled.
 fn signal_group(shared: &Shared, key: &AttemptKey, group: i32, signal: Signal) {
-    let reaped = shared
+    // An adopted agent is not this process's child: its pid may be reused
+    // the moment it exits, so it is only ever signalled by its tags.
+    let by_tags = shared
         .table()
         .get(key)
-        .is_none_or(|entry| entry.life == Life::Exited);
-    if reaped {
+        .is_none_or(|entry| entry.life == Life::Exited || entry.adopted);
+    if by_tags {
         if let Ok(left) = os::group_processes(&key.run_id, group) {
             os::signal_processes(&left, signal);
         }

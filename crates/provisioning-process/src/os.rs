@@ -14,6 +14,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,9 @@ pub const PROC_SCAN_ENTRIES_MAX: usize = 4 * 1024 * 1024;
 
 /// The longest `environ` file read per process; tags past it are not seen.
 const ENVIRON_BYTES_MAX: u64 = 1024 * 1024;
+
+/// The most open descriptors [`tcp_listeners`] looks at per process.
+const FDS_SCANNED_MAX: usize = 64 * 1024;
 
 /// How often [`wait_until_run_gone`] looks again.
 const RUN_GONE_POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -230,6 +234,88 @@ pub fn group_processes(run: &RunId, group: i32) -> Result<Vec<TaggedProcess>, Os
         .collect())
 }
 
+/// The live process `pid`, when it carries `key`'s tags (so a reused pid is
+/// never mistaken for the agent it replaced).
+pub fn tagged_process(pid: i32, key: &AttemptKey) -> Option<TaggedProcess> {
+    let dir = Path::new("/proc").join(pid.to_string());
+    let tags = read_tags(&dir)?;
+    if tags.run.as_deref() != Some(key.run_id.as_str().as_bytes()) {
+        return None;
+    }
+    let stat = read_stat(&dir)?;
+    if is_dead(stat.state) {
+        return None;
+    }
+    let process = TaggedProcess {
+        pid,
+        parent_pid: stat.parent_pid,
+        process_group: stat.process_group,
+        state: stat.state,
+        name: stat.name,
+        node: tags.node,
+        attempt: tags.attempt,
+    };
+    process.belongs_to(key).then_some(process)
+}
+
+/// The IPv4 TCP addresses process `pid` listens on, from its open file
+/// descriptors and `/proc/PID/net/tcp`. This is how a restarted controller
+/// finds the control endpoint of an agent it did not start.
+///
+/// # Errors
+/// The I/O error when the process's descriptors or sockets cannot be read
+/// (it is gone, or belongs to another user).
+pub fn tcp_listeners(pid: i32) -> io::Result<Vec<SocketAddr>> {
+    let dir = Path::new("/proc").join(pid.to_string());
+    let mut inodes = BTreeSet::new();
+    for entry in fs::read_dir(dir.join("fd"))?.take(FDS_SCANNED_MAX).flatten() {
+        let Ok(target) = fs::read_link(entry.path()) else {
+            continue;
+        };
+        let target = target.to_string_lossy();
+        if let Some(inode) = target
+            .strip_prefix("socket:[")
+            .and_then(|rest| rest.strip_suffix(']'))
+            .and_then(|inode| inode.parse::<u64>().ok())
+        {
+            inodes.insert(inode);
+        }
+    }
+    if inodes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let table = fs::read_to_string(dir.join("net").join("tcp"))?;
+    Ok(parse_tcp_listeners(&table, &inodes))
+}
+
+/// The `LISTEN` sockets of `/proc/net/tcp` whose inode is in `inodes`.
+fn parse_tcp_listeners(table: &str, inodes: &BTreeSet<u64>) -> Vec<SocketAddr> {
+    const LISTEN: &str = "0A";
+    let mut found = Vec::new();
+    for line in table.lines().skip(1) {
+        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode …
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let (Some(local), Some(state), Some(inode)) = (fields.get(1), fields.get(3), fields.get(9))
+        else {
+            continue;
+        };
+        if *state != LISTEN || !inode.parse::<u64>().is_ok_and(|i| inodes.contains(&i)) {
+            continue;
+        }
+        let Some((ip, port)) = local.split_once(':') else {
+            continue;
+        };
+        let (Ok(ip), Ok(port)) = (u32::from_str_radix(ip, 16), u16::from_str_radix(port, 16))
+        else {
+            continue;
+        };
+        // The kernel prints the address's bytes (network order) as a native
+        // integer.
+        found.push(SocketAddr::from((Ipv4Addr::from(ip.to_ne_bytes()), port)));
+    }
+    found
+}
+
 /// Sends `signal` to each process, and to each process group led by one of
 /// them. Returns how many deliveries succeeded; processes that are already
 /// gone are skipped silently.
@@ -335,6 +421,26 @@ mod tests {
         assert_eq!(stat.process_group, 4242);
         assert!(parse_stat("garbage").is_none());
         assert!(parse_stat("1 (x) S notanumber 1").is_none());
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn listening_sockets_are_parsed_from_proc_net_tcp() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+            0: 0100007F:A1B2 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4242 1 0 100 0 0 10 0\n\
+            1: 0100007F:A1B3 0100007F:1234 01 00000000:00000000 00:00000000 00000000  1000        0 4243 1 0 100 0 0 10 0\n\
+            2: 0100007F:A1B4 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 9999 1 0 100 0 0 10 0\n";
+        let inodes = BTreeSet::from([4242, 4243]);
+        let expected = SocketAddr::from((Ipv4Addr::LOCALHOST, 0xA1B2));
+        assert_eq!(parse_tcp_listeners(table, &inodes), vec![expected]);
+    }
+
+    #[test]
+    fn this_process_listening_socket_is_found() {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let address = listener.local_addr().unwrap();
+        let found = tcp_listeners(i32::try_from(std::process::id()).unwrap()).unwrap();
+        assert!(found.contains(&address), "{address} not in {found:?}");
     }
 
     #[test]

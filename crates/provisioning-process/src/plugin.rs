@@ -15,6 +15,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use provisioning::effect::SessionHandle;
 use provisioning::observe::BootstrapEvent;
+use provisioning::state::BootstrapProgress;
 use provisioning::{Endpoint, EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
@@ -66,6 +67,15 @@ pub enum ProcessError {
     /// The thread that starts agents could not be created.
     #[error("cannot start the agent spawner thread: {0}")]
     SpawnerThread(#[source] std::io::Error),
+    /// The log directory of detached agents could not be created.
+    #[error("cannot create the agent log directory {}: {source}", path.display())]
+    LogDir {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// How to start a node agent: a program and its leading arguments.
@@ -100,6 +110,48 @@ impl AgentCommand {
             .collect::<Vec<_>>()
             .join(",")
     }
+}
+
+/// Whether node agents live and die with the controller.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum AgentLifetime {
+    /// The default: every agent (and its workload) dies with the process
+    /// that runs the plugin. Agents arm a parent-death signal, their output
+    /// is relayed to this process's log, and dropping or shutting down the
+    /// plugin kills every node it started. A restarted controller finds
+    /// nothing and replaces every node.
+    #[default]
+    WithController,
+    /// Agents outlive the controller, so a forced stop or a crash (even
+    /// `kill -9`) keeps the fleet running and a restarted controller with
+    /// the same run and [`RunSecret`] adopts it:
+    ///
+    /// - each agent starts a session (and process group) of its own and
+    ///   arms no parent-death signal; its standard input is `/dev/null`, and
+    ///   its standard error — with its workload's output — goes to
+    ///   `{log_dir}/{node}-a{attempt}.log` (created `0600`, the directory
+    ///   `0700`), or to `/dev/null` when `log_dir` is `None`. Its standard
+    ///   output carries only the endpoint announcement, which a restarted
+    ///   controller does not need: it reads the endpoint from `/proc`;
+    /// - the plugin finds the agents of its run in `/proc` by their tags:
+    ///   [`list_nodes`](ProvisionPlugin::list_nodes) lists them,
+    ///   `create_node` of a key whose agent lives adopts it, and every other
+    ///   call adopts it on first use. An adopted agent whose workload runs is
+    ///   re-attached at once: the plugin connects to its loopback endpoint
+    ///   and hands it this plugin's swarm address over that connection; the
+    ///   agent re-joins with its per-attempt credential (never on a command
+    ///   line or in a log). Nothing of that re-attach is reported until a
+    ///   `start_bootstrap` of the key adopts it (`adopted: true`, workload
+    ///   untouched); then its join is reported and the usual close follows;
+    /// - [`ProcessPlugin::shutdown`] and dropping the plugin leave every
+    ///   agent running (they only stop this process's side). A clean
+    ///   teardown destroys every node through the driver first, so nothing
+    ///   is left; after a crash or a forced stop, a restarted controller
+    ///   adopts the agents (or destroys them as orphans).
+    Detached {
+        /// Where each agent's log goes; `None` discards it.
+        log_dir: Option<PathBuf>,
+    },
 }
 
 /// The configuration of one [`ProcessPlugin`], which serves one run.
@@ -162,13 +214,38 @@ impl ProcessPlugin {
     /// [`ProcessError`] when not inside a tokio runtime, or when the listener
     /// or the spawner thread cannot be created.
     pub async fn start(config: ProcessPluginConfig) -> Result<Arc<ProcessPlugin>, ProcessError> {
+        ProcessPlugin::start_with(config, AgentLifetime::default()).await
+    }
+
+    /// As [`ProcessPlugin::start`], with agents of the given lifetime.
+    ///
+    /// # Errors
+    /// As [`ProcessPlugin::start`], and [`ProcessError::LogDir`].
+    pub async fn start_with(
+        config: ProcessPluginConfig,
+        lifetime: AgentLifetime,
+    ) -> Result<Arc<ProcessPlugin>, ProcessError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| ProcessError::NoRuntime)?;
+        if let AgentLifetime::Detached {
+            log_dir: Some(path),
+        } = &lifetime
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(path)
+                .map_err(|source| ProcessError::LogDir {
+                    path: path.clone(),
+                    source,
+                })?;
+        }
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
             .map_err(ProcessError::Listen)?;
         let swarm_address = listener.local_addr().map_err(ProcessError::Listen)?;
         let spawner = Spawner::start(runtime).map_err(ProcessError::SpawnerThread)?;
-        let shared = Arc::new(Shared::new(config));
+        let shared = Arc::new(Shared::new(config, lifetime));
         let listener_task =
             tokio::spawn(swarm::accept_loop(shared.clone(), listener)).abort_handle();
         tracing::info!(run = %shared.run_id, %swarm_address, "process plugin started");
@@ -194,6 +271,12 @@ impl ProcessPlugin {
     /// Terminates every node process group the plugin started and stops the
     /// swarm listener. Idempotent; later creates fail.
     ///
+    /// With [`AgentLifetime::Detached`] agents, only the plugin's side stops
+    /// (the listener and the control connections): every agent runs on, for
+    /// a restarted controller to adopt. This is what a forced stop of
+    /// `provision up` calls; a clean teardown has destroyed every node
+    /// through the driver before.
+    ///
     /// # Guarantees
     /// Bounded: `SIGTERM` to every group, `SIGKILL` after the stop grace,
     /// then a bounded wait for the groups to disappear. Nothing is reported
@@ -201,6 +284,21 @@ impl ProcessPlugin {
     pub async fn shutdown(&self) {
         self.shared.close();
         self.listener_task.abort();
+        if self.shared.detached() {
+            let _no_create_in_flight = self.create_lock.lock().await;
+            let mut table = self.shared.table();
+            for entry in table.values_mut() {
+                if let Some(session) = &entry.session {
+                    session.task.abort();
+                }
+            }
+            tracing::info!(
+                run = %self.shared.run_id,
+                nodes = table.len(),
+                "process plugin stopped; detached node agents keep running"
+            );
+            return;
+        }
         let keys: Vec<AttemptKey> = {
             // A create that is spawning right now finishes first, so that its
             // node is in the table and stopped with the others.
@@ -232,7 +330,7 @@ impl ProcessPlugin {
         Ok(())
     }
 
-    fn agent_command(&self, key: &AttemptKey) -> std::process::Command {
+    fn agent_command(&self, key: &AttemptKey) -> Result<std::process::Command, PluginError> {
         let shared = &self.shared;
         let mut command = std::process::Command::new(&shared.agent.program);
         command
@@ -241,23 +339,36 @@ impl ProcessPlugin {
             .env(os::RUN_TAG, key.run_id.as_str())
             .env(os::NODE_TAG, key.node.to_string())
             .env(os::ATTEMPT_TAG, key.attempt.get().to_string())
-            .env(agent_env::PARENT_PID, std::process::id().to_string())
             .env(
                 agent_env::STOP_GRACE_MS,
                 shared.stop_grace.as_millis().to_string(),
             )
             .env(agent_env::COMMAND, shared.agent.encode())
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        command
+            .stdout(Stdio::piped());
+        match &shared.lifetime {
+            AgentLifetime::WithController => {
+                command
+                    .env_remove(agent_env::DETACHED)
+                    .env(agent_env::PARENT_PID, std::process::id().to_string())
+                    .stderr(Stdio::piped())
+                    .process_group(0);
+            }
+            AgentLifetime::Detached { log_dir } => {
+                // The agent starts its own session (a group leader could not).
+                command
+                    .env(agent_env::DETACHED, "1")
+                    .env_remove(agent_env::PARENT_PID)
+                    .stderr(detached_log(log_dir.as_deref(), key)?);
+            }
+        }
+        Ok(command)
     }
 
     async fn spawn_node(&self, key: &AttemptKey) -> Result<NodeLease, PluginError> {
         let mut child = self
             .spawner
-            .spawn(self.agent_command(key))
+            .spawn(self.agent_command(key)?)
             .await
             .map_err(|error| {
                 PluginError::definite(format!(
@@ -283,6 +394,7 @@ impl ProcessPlugin {
                 lease: lease.clone(),
                 group: pid,
                 endpoint: None,
+                adopted: false,
                 life: Life::Running,
                 exited,
                 session: None,
@@ -332,34 +444,42 @@ impl ProcessPlugin {
                 swarm: template.swarm_join.swarm.clone(),
                 labels: template.swarm_join.labels.clone(),
             },
+            resume_only: false,
         }
     }
 
-    /// Adopts the session of `key` if there is one; otherwise starts one.
-    /// Returns the handshake to wait for and whether it was adopted.
-    fn open_session(
+    /// The order that re-attaches an adopted agent: resume only (an agent
+    /// that has not booted refuses it), join at this plugin's listener.
+    fn reattach_order(&self, key: &AttemptKey) -> BootOrder {
+        BootOrder {
+            protocol: PROTOCOL_VERSION,
+            run: key.run_id.as_str().to_owned(),
+            node: key.node.to_string(),
+            attempt: key.attempt.get(),
+            user: String::new(),
+            verify_commands: Vec::new(),
+            start_command: String::new(),
+            env: std::collections::BTreeMap::new(),
+            args: Vec::new(),
+            join: JoinOrder {
+                address: self.swarm_address,
+                credential: self.shared.secret.credential(key).to_hex(),
+                swarm: String::new(),
+                labels: std::collections::BTreeMap::new(),
+            },
+            resume_only: true,
+        }
+    }
+
+    /// Starts the session task of `key` and returns its record.
+    fn begin_session(
         &self,
         key: &AttemptKey,
-        request: &BootstrapRequest,
-    ) -> Result<(SessionHandle, watch::Receiver<Handshake>, bool), PluginError> {
-        let mut table = self.shared.table();
-        let entry = table
-            .get_mut(key)
-            .ok_or_else(|| PluginError::not_found(format!("no node process for {key}")))?;
-        if entry.life != Life::Running {
-            return Err(PluginError::not_found(format!(
-                "the node process of {key} is gone"
-            )));
-        }
-        if let Some(session) = &entry.session {
-            if session.state == SessionState::Cancelled {
-                return Err(PluginError::definite(format!(
-                    "the bootstrap of {key} was cancelled; an agent boots once"
-                )));
-            }
-            return Ok((session.handle.clone(), session.handshake.clone(), true));
-        }
-        let endpoint = parse_loopback(&request.endpoint)?;
+        endpoint: SocketAddr,
+        order: BootOrder,
+        swarm: Option<String>,
+        quiet: bool,
+    ) -> SessionRecord {
         let serial = self.shared.next_serial();
         let handle = SessionHandle(format!("boot:{key}#{serial}"));
         let (handshake_tx, handshake) = watch::channel(Handshake::Pending);
@@ -368,7 +488,7 @@ impl ProcessPlugin {
             key: key.clone(),
             serial,
             endpoint,
-            order: self.boot_order(key, &request.spec),
+            order,
         };
         let task = tokio::spawn(session::run(
             self.shared.clone(),
@@ -377,35 +497,220 @@ impl ProcessPlugin {
             commands_rx,
         ))
         .abort_handle();
-        entry.session = Some(SessionRecord {
+        SessionRecord {
             serial,
-            handle: handle.clone(),
+            handle,
             state: SessionState::Handshaking,
-            swarm: request.spec.template().swarm_join.swarm.clone(),
-            handshake: handshake.clone(),
+            swarm,
+            quiet,
+            handshake,
             commands,
             task,
-        });
-        Ok((handle, handshake, false))
+        }
     }
+
+    /// In detached mode, adopts the live agent of `key` from `/proc` when
+    /// the plugin does not know the key yet. Returns whether it knows it now.
+    fn ensure_adopted(&self, key: &AttemptKey) -> bool {
+        if self.shared.table().contains_key(key) {
+            return true;
+        }
+        if !self.shared.detached() || self.shared.is_closing() {
+            return false;
+        }
+        let agent = os::node_processes(key)
+            .ok()
+            .and_then(|found| found.into_iter().find(os::TaggedProcess::is_group_leader));
+        match agent {
+            Some(agent) => {
+                self.adopt(key, agent.pid);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Records the live detached agent `pid` of `key` (started by an earlier
+    /// controller) and re-attaches it when it already listens.
+    fn adopt(&self, key: &AttemptKey, pid: i32) {
+        let endpoint = os::tcp_listeners(pid)
+            .ok()
+            .and_then(|found| found.into_iter().find(|a| a.ip().is_loopback()));
+        let instance = self.shared.next_serial();
+        let (exited_tx, exited) = watch::channel(false);
+        {
+            let mut table = self.shared.table();
+            if table.contains_key(key) {
+                return;
+            }
+            let session = endpoint.map(|endpoint| {
+                self.begin_session(key, endpoint, self.reattach_order(key), None, true)
+            });
+            table.insert(
+                key.clone(),
+                NodeEntry {
+                    instance,
+                    lease: LeaseHandle(format!("process:{pid}")),
+                    group: pid,
+                    endpoint,
+                    adopted: true,
+                    life: Life::Running,
+                    exited,
+                    session,
+                },
+            );
+        }
+        tracing::info!(node = %key, pid, ?endpoint, "adopted a detached node agent");
+        tokio::spawn(node::watch_adopted(
+            self.shared.clone(),
+            key.clone(),
+            instance,
+            pid,
+            exited_tx,
+        ));
+    }
+
+    /// Adopts the session of `key` if there is one; otherwise starts one.
+    /// Returns the handshake to wait for and whether it was adopted.
+    ///
+    /// A quiet re-attach (see [`AgentLifetime::Detached`]) is adopted: from
+    /// now on it reports, and what it did so far is reported first.
+    fn open_session(
+        &self,
+        key: &AttemptKey,
+        request: &BootstrapRequest,
+    ) -> Result<OpenedSession, PluginError> {
+        let mut replay = Vec::new();
+        let opened = {
+            let mut table = self.shared.table();
+            let entry = table
+                .get_mut(key)
+                .ok_or_else(|| PluginError::not_found(format!("no node process for {key}")))?;
+            if entry.life != Life::Running {
+                return Err(PluginError::not_found(format!(
+                    "the node process of {key} is gone"
+                )));
+            }
+            if let Some(session) = entry.session.as_mut() {
+                if session.quiet && session.state == SessionState::Failed {
+                    // A re-attach whose join failed: the agent waits for
+                    // another resume; a session of the driver's own tries.
+                    session.task.abort();
+                    entry.session = None;
+                } else if session.state == SessionState::Cancelled {
+                    return Err(PluginError::definite(format!(
+                        "the bootstrap of {key} was cancelled; an agent boots once"
+                    )));
+                } else {
+                    let reattach = session.quiet;
+                    if reattach {
+                        session.quiet = false;
+                        session.swarm = Some(request.spec.template().swarm_join.swarm.clone());
+                        if matches!(
+                            session.state,
+                            SessionState::AwaitingJoin | SessionState::Joined
+                        ) {
+                            replay.push(BootstrapEvent::Progress(
+                                BootstrapProgress::WaitingForJoin,
+                            ));
+                        }
+                        if session.state == SessionState::Joined {
+                            replay.push(BootstrapEvent::Joined);
+                        }
+                    }
+                    let opened = OpenedSession {
+                        handle: session.handle.clone(),
+                        handshake: session.handshake.clone(),
+                        adopted: true,
+                        reattach,
+                    };
+                    drop(table);
+                    for event in replay {
+                        self.shared.report(key, event);
+                    }
+                    return Ok(opened);
+                }
+            }
+            let endpoint = parse_loopback(&request.endpoint)?;
+            let swarm = request.spec.template().swarm_join.swarm.clone();
+            let record = self.begin_session(
+                key,
+                endpoint,
+                self.boot_order(key, &request.spec),
+                Some(swarm),
+                false,
+            );
+            let opened = OpenedSession {
+                handle: record.handle.clone(),
+                handshake: record.handshake.clone(),
+                adopted: false,
+                reattach: false,
+            };
+            entry.session = Some(record);
+            opened
+        };
+        Ok(opened)
+    }
+}
+
+/// What [`ProcessPlugin::open_session`] opened or adopted.
+struct OpenedSession {
+    handle: SessionHandle,
+    handshake: watch::Receiver<Handshake>,
+    /// An existing session (of this plugin, or a re-attach).
+    adopted: bool,
+    /// It was a quiet re-attach until now.
+    reattach: bool,
+}
+
+/// Where a detached agent's standard error (its log) goes.
+fn detached_log(log_dir: Option<&std::path::Path>, key: &AttemptKey) -> Result<Stdio, PluginError> {
+    let Some(dir) = log_dir else {
+        return Ok(Stdio::null());
+    };
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(format!("{}-a{}.log", key.node, key.attempt.get()));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|error| {
+            PluginError::definite(format!(
+                "cannot open the agent log {}: {error}",
+                path.display()
+            ))
+        })?;
+    Ok(Stdio::from(file))
 }
 
 impl Drop for ProcessPlugin {
     fn drop(&mut self) {
         self.shared.close();
         self.listener_task.abort();
+        let detached = self.shared.detached();
         let mut table = self.shared.table();
         for (key, entry) in table.iter_mut() {
             if let Some(session) = &entry.session {
                 session.task.abort();
             }
-            if entry.life != Life::Exited {
+            if entry.life != Life::Exited && !detached {
                 tracing::debug!(node = %key, group = entry.group, "killing node group on drop");
                 let _ = killpg(Pid::from_raw(entry.group), Signal::SIGKILL);
                 entry.life = Life::Destroying;
             }
         }
     }
+}
+
+/// The attempt key an agent's tags name, when they name one.
+fn agent_key(run: &RunId, agent: &os::TaggedProcess) -> Option<AttemptKey> {
+    let node = provisioning::LogicalNodeId::parse(agent.node.as_deref()?).ok()?;
+    Some(AttemptKey {
+        run_id: run.clone(),
+        node,
+        attempt: provisioning::NodeAttemptId::from_raw(agent.attempt?),
+    })
 }
 
 fn parse_loopback(endpoint: &Endpoint) -> Result<SocketAddr, PluginError> {
@@ -444,6 +749,7 @@ impl ProvisionPlugin for ProcessPlugin {
         let _one_create_at_a_time = self.create_lock.lock().await;
         // Shutdown may have begun while this call waited for the lock.
         self.check_run(key)?;
+        self.ensure_adopted(key);
         let dead = {
             let table = self.shared.table();
             match table.get(key) {
@@ -471,6 +777,23 @@ impl ProvisionPlugin for ProcessPlugin {
         key: &AttemptKey,
         _lease: &LeaseHandle,
     ) -> Result<EndpointLookup, PluginError> {
+        self.ensure_adopted(key);
+        let unknown_endpoint_of = self.shared.table().get(key).and_then(|entry| {
+            (entry.adopted && entry.endpoint.is_none() && entry.life == Life::Running)
+                .then_some(entry.group)
+        });
+        if let Some(pid) = unknown_endpoint_of {
+            // An adopted agent that was not listening yet when it was found.
+            let found = os::tcp_listeners(pid)
+                .ok()
+                .and_then(|found| found.into_iter().find(|a| a.ip().is_loopback()));
+            if let Some(address) = found
+                && let Some(entry) = self.shared.table().get_mut(key)
+                && entry.group == pid
+            {
+                entry.endpoint = Some(address);
+            }
+        }
         let table = self.shared.table();
         let entry = table
             .get(key)
@@ -499,29 +822,54 @@ impl ProvisionPlugin for ProcessPlugin {
         request: &BootstrapRequest,
     ) -> Result<BootstrapSession, PluginError> {
         self.check_run(key)?;
-        let (session, mut handshake, adopted) = self.open_session(key, request)?;
-        let answer = tokio::time::timeout(
-            HANDSHAKE_WAIT_MAX,
-            handshake.wait_for(|h| *h != Handshake::Pending),
-        )
-        .await;
-        let outcome = match answer {
-            Err(_) => {
-                return Err(PluginError::ambiguous(format!(
-                    "the agent of {key} did not take its boot order within {HANDSHAKE_WAIT_MAX:?}"
-                )));
-            }
-            Ok(Err(_)) => Handshake::Broken("the session ended before the agent answered".into()),
-            Ok(Ok(outcome)) => outcome.clone(),
-        };
-        match outcome {
-            Handshake::Accepted => Ok(BootstrapSession { session, adopted }),
-            Handshake::Broken(_) if adopted => Ok(BootstrapSession { session, adopted }),
-            Handshake::Broken(reason) => Err(PluginError::ambiguous(reason)),
-            Handshake::Refused(reason) | Handshake::ConnectFailed(reason) => {
-                Err(PluginError::definite(reason))
-            }
-            Handshake::Pending => Err(PluginError::ambiguous("no answer from the agent")),
+        self.ensure_adopted(key);
+        // Twice at most: a re-attach the agent refused (it had not booted)
+        // is forgotten, and the driver's own boot order follows it.
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let opened = self.open_session(key, request)?;
+            let OpenedSession {
+                handle: session,
+                mut handshake,
+                adopted,
+                reattach,
+            } = opened;
+            let answer = tokio::time::timeout(
+                HANDSHAKE_WAIT_MAX,
+                handshake.wait_for(|h| *h != Handshake::Pending),
+            )
+            .await;
+            let outcome = match answer {
+                Err(_) => {
+                    return Err(PluginError::ambiguous(format!(
+                        "the agent of {key} did not take its boot order within {HANDSHAKE_WAIT_MAX:?}"
+                    )));
+                }
+                Ok(Err(_)) => {
+                    Handshake::Broken("the session ended before the agent answered".into())
+                }
+                Ok(Ok(outcome)) => outcome.clone(),
+            };
+            return match outcome {
+                Handshake::Accepted => Ok(BootstrapSession { session, adopted }),
+                Handshake::Resumed => {
+                    tracing::info!(node = %key, "adopted the running boot of a detached agent");
+                    Ok(BootstrapSession {
+                        session,
+                        adopted: true,
+                    })
+                }
+                Handshake::Broken(_) if adopted => Ok(BootstrapSession { session, adopted }),
+                Handshake::Broken(reason) => Err(PluginError::ambiguous(reason)),
+                Handshake::Refused(_) | Handshake::ConnectFailed(_) if reattach && rounds < 2 => {
+                    continue;
+                }
+                Handshake::Refused(reason) | Handshake::ConnectFailed(reason) => {
+                    Err(PluginError::definite(reason))
+                }
+                Handshake::Pending => Err(PluginError::ambiguous("no answer from the agent")),
+            };
         }
     }
 
@@ -530,6 +878,7 @@ impl ProvisionPlugin for ProcessPlugin {
         key: &AttemptKey,
         _session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
+        self.ensure_adopted(key);
         let commands = {
             let mut table = self.shared.table();
             let session = table
@@ -539,8 +888,14 @@ impl ProvisionPlugin for ProcessPlugin {
             match session.state {
                 SessionState::Closed => return Ok(()),
                 SessionState::Joined => {
+                    session.quiet = false;
                     session.state = SessionState::Closed;
                     session.commands.clone()
+                }
+                state if session.quiet && !state.is_over() => {
+                    return Err(PluginError::ambiguous(format!(
+                        "the detached agent of {key} is re-joining ({state:?})"
+                    )));
                 }
                 other => {
                     return Err(PluginError::definite(format!(
@@ -559,14 +914,19 @@ impl ProvisionPlugin for ProcessPlugin {
         key: &AttemptKey,
         _session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
+        self.ensure_adopted(key);
         let mut table = self.shared.table();
         if let Some(session) = table.get_mut(key).and_then(|entry| entry.session.as_mut())
             && !session.state.is_over()
         {
-            // Dropping the control connection before the join tells the
-            // agent to abandon its boot.
+            // The agent is told to abandon its boot; before the order was
+            // taken (or when the session cannot take the command), dropping
+            // the control connection says the same.
+            let handshaking = session.state == SessionState::Handshaking;
             session.state = SessionState::Cancelled;
-            session.task.abort();
+            if handshaking || session.commands.try_send(SessionCommand::Cancel).is_err() {
+                session.task.abort();
+            }
             tracing::debug!(node = %key, "bootstrap cancelled");
         }
         Ok(())
@@ -581,12 +941,30 @@ impl ProvisionPlugin for ProcessPlugin {
         key: &AttemptKey,
         _lease: &LeaseHandle,
     ) -> Result<(), PluginError> {
+        self.ensure_adopted(key);
         node::stop_node(&self.shared, key).await
     }
 
     async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
         if *run != self.shared.run_id {
             return Ok(Vec::new());
+        }
+        if self.shared.detached() && !self.shared.is_closing() {
+            // Detached agents of an earlier controller are adopted (and
+            // re-attached) here; no spawn is in flight meanwhile, so none of
+            // this plugin's own agents is mistaken for one.
+            let _no_create_in_flight = self.create_lock.lock().await;
+            let agents = os::agents(run).map_err(|error| {
+                PluginError::ambiguous(format!("cannot list node agents: {error}"))
+            })?;
+            for agent in agents {
+                let Some(key) = agent_key(run, &agent) else {
+                    continue;
+                };
+                if !self.shared.table().contains_key(&key) {
+                    self.adopt(&key, agent.pid);
+                }
+            }
         }
         Ok(self
             .shared

@@ -42,6 +42,9 @@ pub(crate) enum Handshake {
     Pending,
     /// The agent took the order.
     Accepted,
+    /// The agent had booted already and resumes (it re-joins this plugin's
+    /// swarm; its workload runs on).
+    Resumed,
     /// The agent refused the order; nothing started.
     Refused(String),
     /// The agent could not be reached; nothing was sent.
@@ -55,6 +58,8 @@ pub(crate) enum Handshake {
 pub(crate) enum SessionCommand {
     /// The agent joined and the driver saw it: end the session politely.
     Close,
+    /// Cleanup abandons the boot: tell the agent, then end the session.
+    Cancel,
 }
 
 /// Everything a session task needs to start.
@@ -107,14 +112,14 @@ pub(crate) async fn run(
         return session.break_off(&handshake, format!("cannot send the boot order: {error}"));
     }
     match hand_over(&mut replies).await {
-        Handshake::Accepted => {
+        accepted @ (Handshake::Accepted | Handshake::Resumed) => {
             session.shared.advance_session(
                 &session.key,
                 serial,
                 &[SessionState::Handshaking],
                 SessionState::Booting,
             );
-            let _ = handshake.send(Handshake::Accepted);
+            let _ = handshake.send(accepted);
         }
         refused @ Handshake::Refused(_) => return session.refuse(&handshake, refused),
         Handshake::Broken(reason) => return session.break_off(&handshake, reason),
@@ -139,6 +144,7 @@ async fn connect(endpoint: SocketAddr) -> Result<TcpStream, String> {
 async fn hand_over(replies: &mut mpsc::Receiver<Result<ControlReply, WireError>>) -> Handshake {
     match tokio::time::timeout(AGENT_SILENCE_MAX, replies.recv()).await {
         Ok(Some(Ok(ControlReply::Accepted))) => Handshake::Accepted,
+        Ok(Some(Ok(ControlReply::Resumed))) => Handshake::Resumed,
         Ok(Some(Ok(ControlReply::Refused { reason }))) => {
             Handshake::Refused(format!("the agent refused the boot order: {reason}"))
         }
@@ -214,6 +220,12 @@ impl Session {
                         }
                         return;
                     }
+                    Some(SessionCommand::Cancel) => {
+                        if let Err(error) = wire::write_message(write, &ControlRequest::Cancel).await {
+                            tracing::debug!(node = %self.key, %error, "agent gone before the cancel");
+                        }
+                        return;
+                    }
                     None => return,
                 },
             }
@@ -264,7 +276,7 @@ impl Session {
                 tracing::debug!(node = %self.key, "agent confirms it joined");
                 true
             }
-            ControlReply::Accepted | ControlReply::Refused { .. } => {
+            ControlReply::Accepted | ControlReply::Resumed | ControlReply::Refused { .. } => {
                 self.broken(format!("unexpected {reply:?} during the boot"));
                 false
             }

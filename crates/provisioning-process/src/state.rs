@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
 use crate::credential::RunSecret;
-use crate::plugin::{AgentCommand, ProcessPluginConfig};
+use crate::plugin::{AgentCommand, AgentLifetime, ProcessPluginConfig};
 use crate::session::{Handshake, SessionCommand};
 
 /// Whether a node's agent process runs.
@@ -69,8 +69,12 @@ pub(crate) struct SessionRecord {
     pub(crate) serial: u64,
     pub(crate) handle: SessionHandle,
     pub(crate) state: SessionState,
-    /// The swarm the agent must name when it joins.
-    pub(crate) swarm: String,
+    /// The swarm the agent must name when it joins; `None` for a re-attach,
+    /// where the agent joins with the swarm of its first boot.
+    pub(crate) swarm: Option<String>,
+    /// A re-attach the plugin started by itself when it adopted a detached
+    /// agent: nothing of it is reported until a `start_bootstrap` adopts it.
+    pub(crate) quiet: bool,
     pub(crate) handshake: watch::Receiver<Handshake>,
     pub(crate) commands: mpsc::Sender<SessionCommand>,
     pub(crate) task: AbortHandle,
@@ -84,6 +88,10 @@ pub(crate) struct NodeEntry {
     /// The agent's pid, which is also its process group id.
     pub(crate) group: i32,
     pub(crate) endpoint: Option<SocketAddr>,
+    /// Found in `/proc` (a detached agent of an earlier controller), not
+    /// spawned: it is not this process's child, so its exit is polled and
+    /// it is signalled by its tags only.
+    pub(crate) adopted: bool,
     pub(crate) life: Life,
     pub(crate) exited: watch::Receiver<bool>,
     pub(crate) session: Option<SessionRecord>,
@@ -95,6 +103,7 @@ pub(crate) struct Shared {
     pub(crate) secret: RunSecret,
     pub(crate) agent: AgentCommand,
     pub(crate) stop_grace: Duration,
+    pub(crate) lifetime: AgentLifetime,
     sink: Mutex<Option<ObservationSink>>,
     table: Mutex<BTreeMap<AttemptKey, NodeEntry>>,
     /// Set once shutdown or drop began: exits are expected, nothing is reported.
@@ -105,13 +114,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: ProcessPluginConfig) -> Self {
+    pub(crate) fn new(config: ProcessPluginConfig, lifetime: AgentLifetime) -> Self {
         let (shutdown, _) = watch::channel(false);
         Shared {
             run_id: config.run_id,
             secret: config.run_secret,
             agent: config.agent,
             stop_grace: config.stop_grace,
+            lifetime,
             sink: Mutex::new(None),
             table: Mutex::new(BTreeMap::new()),
             closing: AtomicBool::new(false),
@@ -140,6 +150,11 @@ impl Shared {
         self.serials.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Whether agents outlive this plugin.
+    pub(crate) fn detached(&self) -> bool {
+        matches!(self.lifetime, AgentLifetime::Detached { .. })
+    }
+
     pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst)
     }
@@ -151,9 +166,19 @@ impl Shared {
             .clone()
     }
 
-    /// Reports a bootstrap event, unless the plugin is closing.
+    /// Reports a bootstrap event, unless the plugin is closing or the
+    /// key's session is a quiet re-attach.
     pub(crate) fn report(&self, key: &AttemptKey, event: BootstrapEvent) {
         if self.is_closing() {
+            return;
+        }
+        let quiet = self
+            .table()
+            .get(key)
+            .and_then(|entry| entry.session.as_ref())
+            .is_some_and(|session| session.quiet);
+        if quiet {
+            tracing::debug!(node = %key, ?event, "re-attach event (not reported)");
             return;
         }
         tracing::debug!(node = %key, ?event, "bootstrap event");

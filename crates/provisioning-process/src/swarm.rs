@@ -99,10 +99,12 @@ fn admit(shared: &Shared, key: &AttemptKey, swarm: &str) -> Result<(), String> {
         .session
         .as_mut()
         .ok_or_else(|| format!("no bootstrap session for {key}"))?;
-    if session.swarm != swarm {
+    // A re-attach accepts the swarm of the agent's first boot.
+    if let Some(expected) = &session.swarm
+        && expected != swarm
+    {
         return Err(format!(
-            "{key} belongs to swarm {:?}, not {swarm:?}",
-            session.swarm
+            "{key} belongs to swarm {expected:?}, not {swarm:?}"
         ));
     }
     match session.state {

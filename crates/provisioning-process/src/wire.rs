@@ -14,7 +14,21 @@
 //!    agent reports [`ProgressStage::WaitingForJoin`], the controller answers
 //!    [`ControlRequest::Join`] and the agent joins the swarm. After the join,
 //!    [`ControlRequest::Close`] ends the session; the agent keeps running.
-//!    The controller closing the connection before the join cancels the boot.
+//!    The controller closing the connection before the join cancels the boot
+//!    ([`ControlRequest::Cancel`] says so explicitly; a detached agent treats
+//!    a bare hang-up after its workload started as its controller's death,
+//!    not as a cancel, and keeps the workload).
+//!
+//!    **Resume.** A detached agent that already booted answers a later boot
+//!    order for its own key with [`ControlReply::Resumed`] instead of
+//!    [`ControlReply::Accepted`], provided the order carries the credential
+//!    of its first order (which only a holder of the run secret can
+//!    compute). It then reports [`ProgressStage::WaitingForJoin`], and on
+//!    [`ControlRequest::Join`] joins the swarm at the order's (new) address
+//!    with its original credential, swarm and labels; its workload is not
+//!    restarted. A restarted controller learns a detached agent's endpoint
+//!    from `/proc`, so the new swarm address and the credential travel only
+//!    over this loopback connection, never on a command line or in a log.
 //! 3. **Swarm** — a TCP connection from the agent to the controller's swarm
 //!    listener. The agent sends a [`SwarmHello`] with its key and credential;
 //!    the controller answers [`SwarmReply::Welcome`] or
@@ -75,10 +89,17 @@ pub struct BootOrder {
     pub args: Vec<String>,
     /// How to join the run's swarm.
     pub join: JoinOrder,
+    /// Only resume an agent that already booted (its workload runs): a
+    /// restarted controller re-attaching the agents it found. An agent
+    /// that has not booted refuses such an order instead of booting.
+    #[serde(default)]
+    pub resume_only: bool,
 }
 
 /// Where and how an agent joins the swarm.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// `Debug` never shows the credential.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JoinOrder {
     /// The controller's swarm listener (loopback).
     pub address: SocketAddr,
@@ -88,6 +109,17 @@ pub struct JoinOrder {
     pub swarm: String,
     /// Labels announced on join.
     pub labels: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for JoinOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinOrder")
+            .field("address", &self.address)
+            .field("credential", &"..")
+            .field("swarm", &self.swarm)
+            .field("labels", &self.labels)
+            .finish()
+    }
 }
 
 /// Controller → agent, on a control connection.
@@ -100,6 +132,8 @@ pub enum ControlRequest {
     Join,
     /// The session is over; the agent keeps running.
     Close,
+    /// The controller abandons the boot: the agent stops its commands.
+    Cancel,
 }
 
 /// A bootstrap stage the agent reports as it enters it.
@@ -132,6 +166,9 @@ pub enum FailureStage {
 pub enum ControlReply {
     /// The boot order was taken; progress follows.
     Accepted,
+    /// The agent had booted already and resumes: its workload runs on, it
+    /// waits for the go-ahead to join the swarm at the order's address.
+    Resumed,
     /// The boot order was refused; nothing was started.
     Refused {
         /// Why.
@@ -154,7 +191,9 @@ pub enum ControlReply {
 }
 
 /// Agent → controller: the first line on a swarm connection.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// `Debug` never shows the credential.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename = "hello")]
 pub struct SwarmHello {
     /// Must equal [`PROTOCOL_VERSION`].
@@ -171,6 +210,20 @@ pub struct SwarmHello {
     pub swarm: String,
     /// Labels the agent announces.
     pub labels: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for SwarmHello {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwarmHello")
+            .field("protocol", &self.protocol)
+            .field("run", &self.run)
+            .field("node", &self.node)
+            .field("attempt", &self.attempt)
+            .field("credential", &"..")
+            .field("swarm", &self.swarm)
+            .field("labels", &self.labels)
+            .finish()
+    }
 }
 
 /// Controller → agent: the answer to a [`SwarmHello`].

@@ -3,7 +3,6 @@
 use std::os::fd::AsFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -15,7 +14,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-use super::{Agent, env};
+use super::{Agent, Phase, env};
 use crate::credential::NodeCredential;
 use crate::os;
 use crate::wire::{
@@ -103,10 +102,11 @@ pub(super) async fn serve(agent: Arc<Agent>, stream: TcpStream, fatal: mpsc::Sen
         Ok(user) => user,
         Err(reason) => return refuse(&mut write, reason).await,
     };
-    if agent.booted.swap(true, Ordering::SeqCst) {
-        return refuse(&mut write, "this agent has already booted".to_owned()).await;
-    }
-    tracing::info!("boot order accepted");
+    let resume = match claim(&agent, &order) {
+        Ok(resume) => resume,
+        Err(reason) => return refuse(&mut write, reason).await,
+    };
+    let _busy = Busy(agent.clone());
     let mut boot = Boot {
         agent,
         order,
@@ -114,9 +114,64 @@ pub(super) async fn serve(agent: Arc<Agent>, stream: TcpStream, fatal: mpsc::Sen
         write,
         requests,
     };
-    if boot.send(ControlReply::Accepted).await {
-        boot.run(fatal).await;
+    if resume {
+        tracing::info!(swarm = %boot.order.join.address, "resuming: re-joining a restarted controller");
+        if boot.send(ControlReply::Resumed).await {
+            boot.resume(fatal).await;
+        }
+    } else {
+        tracing::info!("boot order accepted");
+        if boot.send(ControlReply::Accepted).await {
+            boot.run(fatal).await;
+        }
     }
+}
+
+/// Marks the agent free for another control connection when dropped.
+struct Busy(Arc<Agent>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.boot_state().busy = false;
+    }
+}
+
+/// Decides whether `order` boots the agent (`false`) or resumes it
+/// (`true`), and claims the agent for this connection; `Err` says why the
+/// order is refused.
+fn claim(agent: &Agent, order: &BootOrder) -> Result<bool, String> {
+    let detached = agent.config.detached;
+    let mut state = agent.boot_state();
+    if state.busy {
+        return Err("another control connection is booting this agent".to_owned());
+    }
+    let resume = match state.phase {
+        Phase::Fresh if order.resume_only => {
+            return Err("nothing to resume: this agent has not booted".to_owned());
+        }
+        Phase::Fresh => false,
+        Phase::Abandoned if detached && !order.resume_only => false,
+        Phase::Started if detached => {
+            let first = state
+                .first_join
+                .as_ref()
+                .map(|join| join.credential.as_str());
+            if first != Some(order.join.credential.as_str()) {
+                return Err("the resume does not carry this agent's credential".to_owned());
+            }
+            true
+        }
+        Phase::Abandoned | Phase::Booting if order.resume_only => {
+            return Err("nothing to resume: the boot did not start the workload".to_owned());
+        }
+        _ => return Err("this agent has already booted".to_owned()),
+    };
+    if !resume {
+        state.phase = Phase::Booting;
+        state.first_join = Some(order.join.clone());
+    }
+    state.busy = true;
+    Ok(resume)
 }
 
 // A refusal or a failure goes to the controller, which logs it as a warning
@@ -205,8 +260,13 @@ struct Boot {
     requests: mpsc::Receiver<Result<ControlRequest, WireError>>,
 }
 
-/// The connection ended or misbehaved: the controller abandoned the boot.
-struct Cancelled;
+/// The connection ended or misbehaved, or the controller cancelled.
+enum Cancelled {
+    /// The controller said so ([`ControlRequest::Cancel`]), or misbehaved.
+    Explicitly,
+    /// The connection ended: a cancel, or the controller's death.
+    HungUp,
+}
 
 impl Boot {
     /// Sends a reply; returns whether the controller is still there.
@@ -225,13 +285,18 @@ impl Boot {
         if self.send(ControlReply::Progress { stage }).await {
             Ok(())
         } else {
-            Err(Cancelled)
+            Err(Cancelled::HungUp)
         }
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.agent.boot_state().phase = phase;
     }
 
     async fn fail(&mut self, stage: FailureStage, detail: String) {
         // The controller logs the failure as a warning (see `refuse`).
         tracing::info!(?stage, %detail, "boot failed");
+        self.set_phase(Phase::Failed);
         self.send(ControlReply::Failed { stage, detail }).await;
     }
 
@@ -242,12 +307,13 @@ impl Boot {
             tokio::select! {
                 output = &mut work => return Ok(output),
                 request = self.requests.recv() => match request {
-                    None | Some(Err(_)) => return Err(Cancelled),
+                    None | Some(Err(_)) => return Err(Cancelled::HungUp),
+                    Some(Ok(ControlRequest::Cancel)) => return Err(Cancelled::Explicitly),
                     Some(Ok(request)) => tracing::warn!(?request, "ignoring a request during the boot"),
                 },
             }
         }
-        Err(Cancelled)
+        Err(Cancelled::Explicitly)
     }
 
     async fn wait_for_join(&mut self) -> Result<(), Cancelled> {
@@ -255,23 +321,95 @@ impl Boot {
         for _ in 0..UNEXPECTED_REQUESTS_MAX {
             match tokio::time::timeout_at(deadline, self.requests.recv()).await {
                 Ok(Some(Ok(ControlRequest::Join))) => return Ok(()),
+                Ok(Some(Ok(ControlRequest::Cancel))) => return Err(Cancelled::Explicitly),
                 Ok(Some(Ok(request))) => {
                     tracing::warn!(?request, "ignoring a request while waiting to join");
                 }
-                Ok(None | Some(Err(_))) | Err(_) => return Err(Cancelled),
+                // No go-ahead in time counts as a hang-up: a detached agent
+                // keeps its workload for the next controller.
+                Ok(None | Some(Err(_))) | Err(_) => return Err(Cancelled::HungUp),
             }
         }
-        Err(Cancelled)
+        Err(Cancelled::Explicitly)
     }
 
     async fn run(mut self, fatal: mpsc::Sender<String>) {
         match self.steps(fatal).await {
             Ok(()) => {}
-            Err(Cancelled) => {
-                tracing::warn!("the controller abandoned the boot; stopping its commands");
-                self.agent.kill_children();
-            }
+            Err(cancelled) => self.abandon(cancelled),
         }
+    }
+
+    /// The boot (or resume) ended before the join. A detached agent whose
+    /// workload runs keeps it when the controller merely hung up: it may
+    /// have died, and its successor resumes the node. Otherwise the boot's
+    /// commands are stopped.
+    fn abandon(&self, cancelled: Cancelled) {
+        let started = self.agent.boot_state().phase == Phase::Started;
+        if self.agent.config.detached && started && matches!(cancelled, Cancelled::HungUp) {
+            tracing::warn!("the controller hung up before the join; keeping the workload for a resume");
+            return;
+        }
+        tracing::warn!("the controller abandoned the boot; stopping its commands");
+        self.agent.kill_children();
+        self.set_phase(Phase::Abandoned);
+    }
+
+    /// Re-joins the swarm at the order's address with the first boot's
+    /// credential, swarm and labels; the workload runs on untouched.
+    async fn resume(mut self, fatal: mpsc::Sender<String>) {
+        match self.resume_steps(fatal).await {
+            Ok(()) => {}
+            Err(cancelled) => self.abandon(cancelled),
+        }
+    }
+
+    async fn resume_steps(&mut self, fatal: mpsc::Sender<String>) -> Result<(), Cancelled> {
+        self.progress(ProgressStage::WaitingForJoin).await?;
+        self.wait_for_join().await?;
+        let first = self.agent.boot_state().first_join.clone();
+        let Some(mut join) = first else {
+            self.send(ControlReply::Failed {
+                stage: FailureStage::Join,
+                detail: "no join order to resume".to_owned(),
+            })
+            .await;
+            return Ok(());
+        };
+        join.address = self.order.join.address;
+        let agent = self.agent.clone();
+        let membership = match self.until_cancelled(join_swarm(&agent, &join)).await? {
+            Ok(membership) => membership,
+            Err(detail) => {
+                // The workload runs on; a later resume may try again.
+                tracing::info!(%detail, "re-join failed");
+                self.send(ControlReply::Failed {
+                    stage: FailureStage::Join,
+                    detail,
+                })
+                .await;
+                return Ok(());
+            }
+        };
+        tracing::info!(swarm = %join.address, "re-joined the swarm");
+        self.hold(membership, fatal);
+        if !self.send(ControlReply::Joined).await {
+            return Ok(());
+        }
+        let _ = tokio::time::timeout(CLOSE_WAIT_MAX, self.requests.recv()).await;
+        tracing::info!("bootstrap session closed");
+        Ok(())
+    }
+
+    /// Makes `membership` the agent's current one.
+    fn hold(&self, membership: Membership, fatal: mpsc::Sender<String>) {
+        let task = tokio::spawn(hold_membership(
+            membership,
+            self.agent.notices.clone(),
+            self.agent.config.detached,
+            fatal,
+        ));
+        self.agent.replace_membership(task.abort_handle());
     }
 
     async fn steps(&mut self, fatal: mpsc::Sender<String>) -> Result<(), Cancelled> {
@@ -298,6 +436,8 @@ impl Boot {
                 }
             }
         }
+        *self.agent.notices.lock().await = Some(notices);
+        self.set_phase(Phase::Started);
         self.progress(ProgressStage::WaitingForJoin).await?;
         self.wait_for_join().await?;
         let join = self.order.join.clone();
@@ -310,7 +450,7 @@ impl Boot {
             }
         };
         tracing::info!("joined the swarm");
-        tokio::spawn(hold_membership(membership, notices, fatal));
+        self.hold(membership, fatal);
         if !self.send(ControlReply::Joined).await {
             return Ok(());
         }
@@ -334,6 +474,7 @@ impl Boot {
             .env_remove(env::PARENT_PID)
             .env_remove(env::COMMAND)
             .env_remove(env::STOP_GRACE_MS)
+            .env_remove(env::DETACHED)
             .env(env::ROLE, env::ROLE_WORKLOAD)
             .env(env::WORKLOAD_COMMAND, shell_command)
             .env(
@@ -527,14 +668,18 @@ async fn join_swarm(agent: &Agent, join: &JoinOrder) -> Result<Membership, Strin
 }
 
 /// Keeps the swarm membership and forwards workload notices. When the
-/// connection ends, the node has lost its swarm: the agent stops it.
+/// connection ends, the node has lost its swarm: an attached agent stops
+/// it; a detached one waits for a restarted controller to resume it.
 async fn hold_membership(
     mut membership: Membership,
-    mut notices: mpsc::Receiver<SwarmNotice>,
+    notices: Arc<tokio::sync::Mutex<Option<mpsc::Receiver<SwarmNotice>>>>,
+    detached: bool,
     fatal: mpsc::Sender<String>,
 ) {
+    // Held for the membership's life; a resume's membership waits for it.
+    let mut notices = notices.lock_owned().await;
     let mut buffer = [0_u8; SWARM_READ_BYTES];
-    let mut notices_open = true;
+    let mut notices_open = notices.is_some();
     // Bounded by the connection's life.
     let reason = loop {
         tokio::select! {
@@ -543,7 +688,7 @@ async fn hold_membership(
                 Ok(_) => tracing::debug!("ignoring unexpected data from the swarm"),
                 Err(error) => break format!("the swarm connection failed: {error}"),
             },
-            notice = notices.recv(), if notices_open => match notice {
+            notice = next_notice(&mut notices), if notices_open => match notice {
                 Some(notice) => {
                     if let Err(error) = wire::write_message(&mut membership.write, &notice).await {
                         break format!("cannot write to the swarm: {error}");
@@ -553,5 +698,18 @@ async fn hold_membership(
             },
         }
     };
-    let _ = fatal.try_send(reason);
+    if detached {
+        tracing::warn!(%reason, "swarm membership lost; the node runs on, waiting for its controller");
+    } else {
+        let _ = fatal.try_send(reason);
+    }
+}
+
+async fn next_notice(
+    notices: &mut Option<mpsc::Receiver<SwarmNotice>>,
+) -> Option<SwarmNotice> {
+    match notices {
+        Some(notices) => notices.recv().await,
+        None => None,
+    }
 }

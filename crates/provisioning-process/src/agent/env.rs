@@ -7,6 +7,13 @@
 /// its parent-death signal).
 pub const PARENT_PID: &str = "PROVISION_AGENT_PARENT_PID";
 
+/// Set to `1` to start the agent detached from its controller: it starts a
+/// session of its own, arms no parent-death signal, does not check its
+/// parent, and outlives the loss of its swarm connection, waiting for a
+/// restarted controller to hand it a new swarm address (see
+/// [`crate::wire::BootOrder::resume_only`]). [`PARENT_PID`] is not used then.
+pub const DETACHED: &str = "PROVISION_AGENT_DETACHED";
+
 /// The grace, in milliseconds, between `SIGTERM` and `SIGKILL` when the agent
 /// stops its node.
 pub const STOP_GRACE_MS: &str = "PROVISION_AGENT_STOP_GRACE_MS";

@@ -18,6 +18,15 @@
 //! Verify commands and the workload run through `/bin/sh -c`, started via
 //! this same binary in a small wrapper role that first sets its own
 //! parent-death signal (so they die with the agent), then `exec`s the shell.
+//!
+//! **Detached agents** ([`env::DETACHED`]) differ in three ways: they start
+//! a session of their own instead of arming a parent-death signal (so the
+//! controller's death does not reach them), the end of their swarm
+//! connection does not stop the node (the controller may only have
+//! crashed), and once booted they accept a *resume* from a restarted
+//! controller: a boot order for their own key carrying their original
+//! credential, which makes them re-join the swarm at the order's new
+//! address without restarting the workload (see [`crate::wire`]).
 
 mod boot;
 pub mod env;
@@ -29,20 +38,20 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use nix::sys::prctl;
 use nix::sys::signal::{Signal, killpg};
-use nix::unistd::{Pid, getpgrp, getpid, getppid};
+use nix::unistd::{Pid, getpgrp, getpid, getppid, setsid};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{Semaphore, mpsc};
+use tokio::task::AbortHandle;
 
 use crate::os;
-use crate::wire::{self, AgentAnnouncement};
+use crate::wire::{self, AgentAnnouncement, JoinOrder, SwarmNotice};
 
 /// How many control connections the agent serves at once. Only one can boot
 /// it; the others are refused quickly.
@@ -107,7 +116,10 @@ pub(crate) struct AgentConfig {
     pub(crate) run: String,
     pub(crate) node: String,
     pub(crate) attempt: u64,
-    parent: Pid,
+    /// The controller that started the agent; `None` when detached.
+    parent: Option<Pid>,
+    /// Whether the agent outlives its controller (see [`env::DETACHED`]).
+    pub(crate) detached: bool,
     stop_grace: Duration,
     /// How to start this binary again (for the wrapper role).
     pub(crate) program: PathBuf,
@@ -142,11 +154,28 @@ impl AgentConfig {
         let program_args = parts
             .collect::<Result<Vec<_>, _>>()
             .map_err(|_| bad_command())?;
+        let detached = match std::env::var(env::DETACHED) {
+            Err(_) => false,
+            Ok(value) if value == "1" => true,
+            Ok(value) if value == "0" => false,
+            Ok(value) => {
+                return Err(AgentError::BadEnv {
+                    name: env::DETACHED,
+                    value,
+                });
+            }
+        };
+        let parent = if detached {
+            None
+        } else {
+            Some(Pid::from_raw(parsed(env::PARENT_PID)?))
+        };
         Ok(AgentConfig {
             run: required(os::RUN_TAG)?,
             node: required(os::NODE_TAG)?,
             attempt: parsed(os::ATTEMPT_TAG)?,
-            parent: Pid::from_raw(parsed(env::PARENT_PID)?),
+            parent,
+            detached,
             stop_grace: Duration::from_millis(parsed(env::STOP_GRACE_MS)?),
             program: PathBuf::from(program),
             program_args,
@@ -154,17 +183,63 @@ impl AgentConfig {
     }
 }
 
+/// How far the agent's one boot got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// No boot order taken yet.
+    Fresh,
+    /// Verify commands or the workload start are under way.
+    Booting,
+    /// The boot was abandoned before the workload ran; its commands were
+    /// killed. A detached agent may boot again; an attached one never.
+    Abandoned,
+    /// A verify command, the workload start or the first join failed.
+    Failed,
+    /// The workload started (or there is none) and the agent got as far as
+    /// waiting for its join: what a resume may pick up.
+    Started,
+}
+
+/// The agent's boot bookkeeping, behind [`Agent::boot_state`].
+pub(crate) struct BootState {
+    pub(crate) phase: Phase,
+    /// Whether a control connection boots or resumes the agent right now.
+    pub(crate) busy: bool,
+    /// The join order of the accepted boot: its credential authenticates a
+    /// resume, its swarm and labels are what a resume joins with.
+    pub(crate) first_join: Option<JoinOrder>,
+}
+
 /// The running agent, shared by its tasks.
 pub(crate) struct Agent {
     pub(crate) config: AgentConfig,
-    /// Set by the first accepted boot order; an agent boots once.
-    pub(crate) booted: AtomicBool,
+    boot: Mutex<BootState>,
+    /// Workload notices; the current swarm membership holds the lock.
+    pub(crate) notices: Arc<tokio::sync::Mutex<Option<mpsc::Receiver<SwarmNotice>>>>,
+    /// The task holding the current swarm membership; a resume replaces it.
+    pub(crate) membership: Mutex<Option<AbortHandle>>,
     /// Whether the agent leads its process group (it does when the plugin
     /// started it). Only a leader may take its whole group down.
     leader: bool,
 }
 
 impl Agent {
+    pub(crate) fn boot_state(&self) -> MutexGuard<'_, BootState> {
+        self.boot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces the current membership task (a resume joined elsewhere).
+    pub(crate) fn replace_membership(&self, task: AbortHandle) {
+        let previous = self
+            .membership
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(task);
+        if let Some(previous) = previous {
+            previous.abort();
+        }
+    }
+
     /// Kills every other live process of this node's group (verify commands,
     /// the workload and whatever it forked). The agent itself survives.
     pub(crate) fn kill_children(&self) {
@@ -226,15 +301,19 @@ impl Write for QuietStderr {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env(env::LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // The controller timestamps and labels every relayed line itself.
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| QuietStderr)
         .log_internal_errors(false)
         .with_ansi(false)
-        .without_time()
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    if std::env::var_os(env::DETACHED).is_some_and(|v| v == "1") {
+        // A detached agent's log is a file of its own: timestamped here.
+        let _ = builder.try_init();
+    } else {
+        // The controller timestamps and labels every relayed line itself.
+        let _ = builder.without_time().try_init();
+    }
 }
 
 /// Makes any panic of the agent take its node down with it: a half-dead
@@ -313,13 +392,19 @@ async fn run(config: AgentConfig) -> Result<(), AgentError> {
     // The handler exists before the parent-death signal is armed, so a
     // controller that dies from here on leads to an orderly stop.
     let mut terminate = signal(SignalKind::terminate()).map_err(system("handling SIGTERM"))?;
-    prctl::set_pdeathsig(Signal::SIGTERM).map_err(errno("arming the parent-death signal"))?;
-    let parent = getppid();
-    if parent != config.parent {
-        return Err(AgentError::ParentGone {
-            expected: config.parent.as_raw(),
-            actual: parent.as_raw(),
-        });
+    if let Some(expected) = config.parent {
+        prctl::set_pdeathsig(Signal::SIGTERM).map_err(errno("arming the parent-death signal"))?;
+        let parent = getppid();
+        if parent != expected {
+            return Err(AgentError::ParentGone {
+                expected: expected.as_raw(),
+                actual: parent.as_raw(),
+            });
+        }
+    } else {
+        // A session (and process group) of its own: no signal meant for the
+        // controller's terminal or group reaches the node.
+        setsid().map_err(errno("starting a session of its own"))?;
     }
     let leader = getpgrp() == getpid();
     if !leader {
@@ -331,12 +416,26 @@ async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let address = listener
         .local_addr()
         .map_err(system("reading the control address"))?;
-    announce(address)?;
+    match announce(address) {
+        Ok(()) => {}
+        // The controller that would read it may be gone already; a
+        // restarted one finds the endpoint in /proc.
+        Err(error) if config.detached => {
+            tracing::warn!(%error, "cannot announce the endpoint; going on detached");
+        }
+        Err(error) => return Err(error),
+    }
     tracing::info!(node = %config.node, attempt = config.attempt, %address, "node agent listening");
 
     let agent = Arc::new(Agent {
         config,
-        booted: AtomicBool::new(false),
+        boot: Mutex::new(BootState {
+            phase: Phase::Fresh,
+            busy: false,
+            first_join: None,
+        }),
+        notices: Arc::new(tokio::sync::Mutex::new(None)),
+        membership: Mutex::new(None),
         leader,
     });
     let (fatal_tx, mut fatal) = mpsc::channel::<String>(1);
