@@ -27,7 +27,10 @@ pub(crate) const AGENT_SUBCOMMAND: &str = "agent";
 ///
 /// # Errors
 /// When the path of this binary is unknown or the plugin cannot start.
-pub(crate) async fn start_plugins(run_id: &RunId) -> anyhow::Result<Vec<PluginEntry>> {
+pub(crate) async fn start_plugins(
+    run_id: &RunId,
+    run_secret: RunSecret,
+) -> anyhow::Result<Vec<PluginEntry>> {
     let program = std::env::current_exe()?;
     let config = ProcessPluginConfig {
         run_id: run_id.clone(),
@@ -35,7 +38,7 @@ pub(crate) async fn start_plugins(run_id: &RunId) -> anyhow::Result<Vec<PluginEn
             program,
             args: vec![OsString::from(AGENT_SUBCOMMAND)],
         },
-        run_secret: RunSecret::generate(),
+        run_secret,
         stop_grace: STOP_GRACE,
     };
     let plugin = ProcessPlugin::start(config).await?;

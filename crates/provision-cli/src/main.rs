@@ -9,6 +9,7 @@ mod control;
 mod display;
 mod local;
 mod shape_file;
+mod state;
 mod up;
 
 use std::ffi::{OsStr, OsString};
@@ -50,6 +51,10 @@ struct Cli {
     /// The control socket itself (overrides --socket-dir).
     #[arg(long, global = true, env = "PROVISION_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// The directory of the runs' state files (default:
+    /// $XDG_STATE_HOME/provision, else ~/.local/state/provision).
+    #[arg(long, global = true, env = "PROVISION_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -86,7 +91,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Asks a running `up` to tear its cluster down and waits until it did.
+    /// Asks a running `up` to tear its cluster down and waits until it did;
+    /// with no `up` running, tears down a run a crashed `up` left behind,
+    /// from its state file.
     Down {
         /// The run to stop (needed only when several are up).
         #[arg(long)]
@@ -165,6 +172,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let location = SocketLocation::new(cli.socket, cli.socket_dir);
+    let state = state::StateLocation::new(cli.state_dir);
     match cli.command {
         Command::Up {
             file,
@@ -173,13 +181,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => runtime()?.block_on(up::run(up::UpOptions {
             file,
             location,
+            state,
             shutdown_timeout: Duration::from_secs(shutdown_timeout),
             live: !plain && std::io::stdout().is_terminal(),
         })),
         Command::Status { json, run } => runtime()?.block_on(status(&location, run, json)),
         Command::Plan { file, json } => runtime()?.block_on(plan(&location, &file, json)),
         Command::Down { run, timeout } => {
-            runtime()?.block_on(down(&location, run, Duration::from_secs(timeout)))
+            runtime()?.block_on(down(&location, &state, run, Duration::from_secs(timeout)))
         }
         Command::Validate { file } => Ok(validate(&file)),
         Command::Agent { args } => Ok(local::agent_main(args)),
@@ -187,7 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// Prints to stdout, ignoring a closed pipe.
-fn print(text: &str) {
+pub(crate) fn print(text: &str) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
@@ -347,10 +356,20 @@ fn change_runs(changes: &[PlannedChange]) -> Vec<ChangeRun<'_>> {
 
 async fn down(
     location: &SocketLocation,
+    state: &state::StateLocation,
     run: Option<String>,
     timeout: Duration,
 ) -> anyhow::Result<ExitCode> {
-    let socket = location.find(run.as_deref()).map_err(anyhow::Error::msg)?;
+    let socket = match location.find(run.as_deref()) {
+        Ok(socket) if control::is_live(&socket).await => socket,
+        found => {
+            let no_up = match found {
+                Ok(socket) => format!("no `provision up` answers on {}", socket.display()),
+                Err(message) => message,
+            };
+            return up::down_from_state(state, run, timeout, &no_up).await;
+        }
+    };
     print(&format!("asking {} to tear down...\n", socket.display()));
     let response = control::ask(&socket, &Request::Down, timeout)
         .await

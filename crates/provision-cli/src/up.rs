@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use provisioning::RunId;
 use provisioning_runtime::{
-    AppliedRevision, Host, HostConfig, HostError, HostHandle, ShutdownOutcome,
+    AppliedRevision, Durability, Host, HostConfig, HostError, HostHandle, ShutdownOutcome,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -15,6 +16,7 @@ use crate::control::{self, SocketLocation};
 use crate::display::Console;
 use crate::local::{self, PROVIDERS};
 use crate::shape_file;
+use crate::state::{self, StateLocation};
 use crate::{EXIT_FAILURE, EXIT_INVALID_INPUT};
 
 /// How often `up` looks at its shape file for edits.
@@ -30,6 +32,8 @@ pub(crate) struct UpOptions {
     pub(crate) file: PathBuf,
     /// Where the control socket goes.
     pub(crate) location: SocketLocation,
+    /// Where the run's state file is.
+    pub(crate) state: StateLocation,
     /// The bound on the graceful teardown before it is forced.
     pub(crate) shutdown_timeout: Duration,
     /// Live bars (a terminal) or plain lines.
@@ -66,17 +70,32 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
         Ok(source) => source,
         Err(error) => return Ok(invalid(&error)),
     };
+    // The state first: its lock refuses a second controller of the run
+    // before anything else is touched.
+    let mut durability = match options.state.open(source.run_id.as_str()) {
+        Ok(durability) => durability,
+        Err(message) => return Ok(refused(&message)),
+    };
+    let secret = match state::run_secret(&mut durability) {
+        Ok(secret) => secret,
+        Err(message) => return Ok(refused(&message)),
+    };
     let socket = options.location.for_run(source.run_id.as_str());
     let listener = control::claim(&socket).await.map_err(anyhow::Error::msg)?;
     let _socket_file = SocketFile(socket.clone());
-
-    let plugins = local::start_plugins(&source.run_id).await?;
-    let mut config = HostConfig::new(source.run_id.clone());
-    config.policy = local::retry_policy();
-    config.shutdown_deadline = options.shutdown_timeout;
-    let host = Host::start(config, plugins)?;
-    let handle = host.handle();
     let console = Arc::new(Console::new(options.live));
+    if let Some(resumed) = durability.resume_summary() {
+        console.line(format!(
+            "resuming run {} from {}: generation {}, {} node(s) journaled; adopting what still runs",
+            source.run_id,
+            options.state.file(source.run_id.as_str()),
+            resumed.generation,
+            resumed.nodes
+        ));
+    }
+
+    let host = start_host(&source.run_id, secret, durability, options.shutdown_timeout).await?;
+    let handle = host.handle();
 
     match handle
         .apply_revision(source.run_id.clone(), source.groups.clone())
@@ -148,9 +167,96 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
 }
 
 fn invalid(error: &shape_file::ShapeFileError) -> ExitCode {
-    eprintln!("error: {error}");
+    refused(&error.to_string())
+}
+
+fn refused(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
     eprintln!("nothing was started");
     ExitCode::from(EXIT_INVALID_INPUT)
+}
+
+/// Starts the providers and a host that keeps its state in `durability`.
+async fn start_host(
+    run_id: &RunId,
+    secret: provisioning_process::RunSecret,
+    durability: Durability,
+    shutdown_timeout: Duration,
+) -> anyhow::Result<Host> {
+    let plugins = local::start_plugins(run_id, secret).await?;
+    let mut config = HostConfig::new(run_id.clone());
+    config.policy = local::retry_policy();
+    config.shutdown_deadline = shutdown_timeout;
+    Ok(Host::start_durable(config, plugins, durability)?)
+}
+
+/// `provision down` with no `up` running: tears down a run that a crashed
+/// `up` left unclean, from its state file (how a user cleans up after a
+/// crash). `no_up` says why no running `up` was asked.
+pub(crate) async fn down_from_state(
+    state: &StateLocation,
+    run: Option<String>,
+    timeout: Duration,
+    no_up: &str,
+) -> anyhow::Result<ExitCode> {
+    let named = run.is_some();
+    let runs = run.map_or_else(|| state.runs(), |run| vec![run]);
+    let mut unclean = Vec::new();
+    for run in runs {
+        match state.open_existing(&run) {
+            Ok(Some(durability)) if durability.resume_summary().is_some() => {
+                unclean.push((run, durability));
+            }
+            Ok(_) => {}
+            Err(message) if named => {
+                eprintln!("error: {message}");
+                return Ok(ExitCode::from(EXIT_INVALID_INPUT));
+            }
+            Err(message) => tracing::warn!("{message}"),
+        }
+    }
+    if unclean.len() > 1 {
+        let names: Vec<_> = unclean.iter().map(|(run, _)| run.as_str()).collect();
+        eprintln!(
+            "error: {no_up}; several runs were left unclean, name one with --run: {}",
+            names.join(", ")
+        );
+        return Ok(ExitCode::from(EXIT_FAILURE));
+    }
+    let Some((run, mut durability)) = unclean.pop() else {
+        eprintln!("error: {no_up}, and no run was left unclean in the state directory");
+        return Ok(ExitCode::from(EXIT_FAILURE));
+    };
+    let summary = durability.resume_summary();
+    crate::print(&format!(
+        "{no_up}; recovering run {run} from {} ({} node(s) journaled) to tear it down...\n",
+        state.file(&run),
+        summary.map_or(0, |s| s.nodes),
+    ));
+    let secret = match state::run_secret(&mut durability) {
+        Ok(secret) => secret,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return Ok(ExitCode::from(EXIT_INVALID_INPUT));
+        }
+    };
+    let run_id = RunId::new(run.as_str());
+    let host = start_host(&run_id, secret, durability, timeout).await?;
+    let report = host.handle().shutdown().await;
+    host.join().await;
+    Ok(match report.outcome {
+        ShutdownOutcome::Clean => {
+            crate::print("torn down: no node is left; the state is marked clean\n");
+            ExitCode::SUCCESS
+        }
+        ShutdownOutcome::Forced => {
+            crate::print(&format!(
+                "teardown was forced with {} node(s) left to the provider's cleanup\n",
+                report.remaining_nodes
+            ));
+            ExitCode::from(EXIT_FAILURE)
+        }
+    })
 }
 
 /// Applies each valid edit of `path` as the next generation; reports and

@@ -63,6 +63,14 @@ impl Cluster {
         self.dir.path().join("sockets")
     }
 
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn state_file(&self) -> PathBuf {
+        self.state_dir().join(format!("{}.db", self.run))
+    }
+
     fn write(&self, groups: &[(&str, u32, &str)]) {
         self.write_text(&shape(&self.run, groups));
     }
@@ -79,6 +87,7 @@ impl Cluster {
         command
             .args(args)
             .env("PROVISION_SOCKET_DIR", self.socket_dir())
+            .env("PROVISION_STATE_DIR", self.state_dir())
             .env_remove("PROVISION_SOCKET")
             .env_remove("RUST_LOG")
             // Colour is the binary's own decision (tested below).
@@ -315,11 +324,11 @@ fn up_converges_and_status_json_reports_every_node_ready() {
     let second = cluster.run(&["up", "--plain", file.to_str().expect("utf-8 path")]);
     assert_eq!(
         second.status.code(),
-        Some(1),
-        "a second up of the run is refused"
+        Some(2),
+        "a second up of the run is refused by the state's lock"
     );
     let stderr = String::from_utf8_lossy(&second.stderr);
-    assert!(stderr.contains("already running"), "{stderr}");
+    assert!(stderr.contains("another controller"), "{stderr}");
     assert_eq!(cluster.agents().len(), 3, "the refused up started nothing");
 
     let table = cluster.run(&["status", "--run", &cluster.run]);
@@ -754,4 +763,135 @@ fn plan_summarises_consecutive_slots_as_ranges() {
     assert_eq!(changes[1]["node"], "w-0");
     assert_eq!(changes[100_000]["node"], "w-99999");
     assert!(changes.iter().all(|c| c["change"] == "create"));
+}
+
+// ---------------------------------------------------------------------------
+// Durable state (SPEC §13).
+// ---------------------------------------------------------------------------
+
+#[test]
+fn after_kill_9_of_up_a_restart_resumes_and_replaces_every_node_in_the_default_mode() {
+    let mut cluster = Cluster::new("crash");
+    cluster.write(&[("web", 3, WORKLOAD)]);
+    cluster.start();
+    let before = cluster.wait_converged(1);
+    cluster.signal_up(Signal::SIGKILL);
+    let _ = cluster.wait_up_exit();
+    // The default mode ties every agent to its controller.
+    let deadline = Instant::now() + CLEANUP_BOUND;
+    while !cluster.agents().is_empty() && Instant::now() < deadline {
+        sleep(POLL_INTERVAL);
+    }
+    assert_eq!(cluster.agents(), vec![], "agents die with their controller");
+
+    cluster.start();
+    let after = cluster.wait_converged(1);
+    assert!(
+        cluster.up_output().contains("resuming run"),
+        "{}",
+        cluster.up_output()
+    );
+    for id in ["web-0", "web-1", "web-2"] {
+        assert!(
+            attempt_of(&after, id) > attempt_of(&before, id),
+            "{id} is replaced by a fresh attempt, never one reused"
+        );
+    }
+    let agents = cluster.agents();
+    assert_eq!(agents.len(), 3, "exactly the desired agents: {agents:?}");
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+    assert_eq!(cluster.agents(), vec![]);
+}
+
+#[test]
+fn a_second_up_of_the_same_run_is_refused_and_starts_nothing() {
+    let mut cluster = Cluster::new("second");
+    cluster.write(&[("web", 1, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+    // Another socket directory, so only the state's lock can catch it.
+    let second = cluster
+        .command(&["up", "--plain", "--socket-dir"])
+        .arg(cluster.dir.path().join("other-sockets"))
+        .arg(cluster.file())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a second up");
+    let output = wait_output(second, COMMAND_BOUND);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("another controller"), "{stderr}");
+    assert!(stderr.contains(&cluster.run), "{stderr}");
+    assert_eq!(cluster.agents().len(), 1, "nothing more started");
+}
+
+#[test]
+fn a_corrupt_state_file_is_refused_by_name_and_left_as_it_was() {
+    let cluster = Cluster::new("corrupt");
+    cluster.write(&[("web", 1, WORKLOAD)]);
+    fs::create_dir_all(cluster.state_dir()).expect("state dir");
+    let garbage = b"this is not a database, just bytes a disk fault left behind".repeat(100);
+    fs::write(cluster.state_file(), &garbage).expect("write garbage");
+    let output = cluster.run(&["up", "--plain", cluster.file().to_str().expect("utf-8")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&cluster.state_file().display().to_string()),
+        "{stderr}"
+    );
+    assert!(stderr.contains("nothing was started"), "{stderr}");
+    assert_eq!(fs::read(cluster.state_file()).expect("read"), garbage);
+    assert_eq!(cluster.agents(), vec![]);
+}
+
+#[test]
+fn an_unusable_state_directory_is_refused_and_starts_nothing() {
+    let cluster = Cluster::new("baddir");
+    cluster.write(&[("web", 1, WORKLOAD)]);
+    // A directory below a regular file cannot exist, even for root.
+    let blocker = cluster.dir.path().join("blocker");
+    fs::write(&blocker, "a file").expect("write");
+    let output = cluster.run(&[
+        "--state-dir",
+        blocker.join("state").to_str().expect("utf-8"),
+        "up",
+        "--plain",
+        cluster.file().to_str().expect("utf-8"),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("state directory"), "{stderr}");
+    assert_eq!(cluster.agents(), vec![]);
+}
+
+#[test]
+fn down_without_a_running_up_tears_a_crashed_run_down_from_its_state() {
+    let mut cluster = Cluster::new("downstate");
+    cluster.write(&[("web", 2, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+    cluster.signal_up(Signal::SIGKILL);
+    let _ = cluster.wait_up_exit();
+
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    let stdout = String::from_utf8_lossy(&down.stdout);
+    assert!(
+        down.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(stdout.contains("recovering run"), "{stdout}");
+    assert!(stdout.contains("marked clean"), "{stdout}");
+    assert_eq!(cluster.agents(), vec![]);
+    // Clean now: another down finds nothing to do, and up starts fresh.
+    let again = cluster.run(&["down", "--run", &cluster.run]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no run was left unclean"));
 }

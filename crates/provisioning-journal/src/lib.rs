@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+pub mod codec;
 mod error;
 mod memory;
 mod sqlite;

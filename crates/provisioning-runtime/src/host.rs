@@ -31,18 +31,22 @@ use std::time::Duration;
 
 use provisioning::spawn::{BoxFuture, Spawner};
 use provisioning::{
-    ClusterDriver, ClusterShape, DesiredUpdate, DriverError, ExecutorResult, Generation,
-    IdempotentEffectExecutor, NodeGroup, Observation, RetryPolicy, RunId, ShapeError, Timestamp,
+    ClusterDriver, ClusterShape, DesiredUpdate, DriverError, EffectError, ExecutorResult,
+    Generation, IdempotentEffectExecutor, LossCause, NodeAttemptId, NodeGroup, Observation,
+    Operation, OperationSink, RetryPolicy, RunId, ShapeError, SubmitError, Timestamp,
 };
+use provisioning_journal::Journal;
+use provisioning_journal::codec::StateCodec;
 use provisioning_provider::{AdapterError, ObservationSink, PluginBackendAdapter, ProvisionPlugin};
 use thiserror::Error;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::durable::{Durability, DurabilityError, OrphanReport, Orphans, list_all, owned};
 use crate::plan::{PlanReport, plan_against};
 use crate::spawner::TokioSpawner;
-use crate::status::{HostPhase, StatusSnapshot};
+use crate::status::{DurabilityStatus, HostPhase, StatusSnapshot};
 
 /// The default period of the safety tick that forces a full pass. Progress
 /// never depends on it; it only bounds how long a lost wake-up can stall.
@@ -178,6 +182,9 @@ pub enum HostError {
     /// The generation counter is exhausted.
     #[error("no generation is left after {0}")]
     GenerationExhausted(Generation),
+    /// Durable state could not be resumed; nothing was started.
+    #[error(transparent)]
+    Durability(#[from] DurabilityError),
 }
 
 /// The outcome of [`HostHandle::apply_revision`].
@@ -435,8 +442,96 @@ impl Host {
     /// when two plugins serve one kind; [`HostError::Driver`] when the run
     /// name is invalid.
     pub fn start(config: HostConfig, plugins: Vec<PluginEntry>) -> Result<Host, HostError> {
+        Host::build(config, plugins, None)
+    }
+
+    /// Like [`Host::start`], keeping durable state in `durability`'s
+    /// journal: every drive's changes are committed before its operations
+    /// are submitted, a run left unclean is resumed (recovered from the
+    /// journal, then reconciled against every provider's listing before the
+    /// first pass), orphans are collected, and a clean teardown marks the
+    /// state clean.
+    ///
+    /// # Errors
+    /// As [`Host::start`]; [`HostError::Durability`] when the journaled
+    /// state cannot be recovered (nothing is started).
+    pub fn start_durable(
+        config: HostConfig,
+        plugins: Vec<PluginEntry>,
+        durability: Durability,
+    ) -> Result<Host, HostError> {
+        Host::build(config, plugins, Some(durability))
+    }
+
+    fn build(
+        config: HostConfig,
+        plugins: Vec<PluginEntry>,
+        durability: Option<Durability>,
+    ) -> Result<Host, HostError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| HostError::NoRuntime)?;
-        let driver = ClusterDriver::new(config.run_id.clone(), config.policy)?;
+        let mut resumed = false;
+        let (driver, durable) = match durability {
+            None => (
+                ClusterDriver::new(config.run_id.clone(), config.policy)?,
+                None,
+            ),
+            Some(mut durability) => {
+                let driver = match durability.resume.take() {
+                    Some(stored) => {
+                        let (driver, report) = ClusterDriver::recover(
+                            &config.run_id,
+                            stored,
+                            config.policy,
+                            Timestamp::ZERO,
+                        )
+                        .map_err(DurabilityError::from)?;
+                        if durability.unclean {
+                            tracing::info!(
+                                run = %config.run_id,
+                                generation = report.generation.get(),
+                                nodes = report.nodes,
+                                pending = report.pending_made_ambiguous,
+                                "resuming from the journal"
+                            );
+                        } else {
+                            tracing::info!(
+                                generation = report.generation.get(),
+                                next_attempt = driver.state().attempts.next_unallocated(),
+                                "a clean start; generations and attempts continue from the journal"
+                            );
+                        }
+                        if report.allocator_raised {
+                            tracing::warn!(
+                                "the journal's attempt mark was below a stored attempt; raised"
+                            );
+                        }
+                        resumed = durability.unclean;
+                        driver
+                    }
+                    None => {
+                        let mut driver = ClusterDriver::new(config.run_id.clone(), config.policy)?;
+                        driver.track_changes();
+                        driver
+                    }
+                };
+                let (reports_tx, reports) = tokio::sync::mpsc::unbounded_channel();
+                let orphans = Orphans::new(
+                    durability.orphan_grace,
+                    durability.orphan_scan_interval,
+                    reports_tx,
+                );
+                let durable = DurableLoop {
+                    journal: durability.journal,
+                    codec: durability.codec,
+                    journal_error: None,
+                    orphans,
+                    reports,
+                    resumed,
+                    lost_at_recovery: 0,
+                };
+                (driver, Some(durable))
+            }
+        };
 
         let dropped = Arc::new(AtomicU64::new(0));
         let (observation_tx, observations) = mpsc::channel(OBSERVATION_QUEUE_CAPACITY);
@@ -500,6 +595,7 @@ impl Host {
             last_wake_at: Timestamp::ZERO,
             config: config.clone(),
             dropped,
+            durable,
         };
         let task = runtime.spawn(host_loop.run());
         Ok(Host {
@@ -566,6 +662,73 @@ struct HostLoop {
     last_wake_at: Timestamp,
     config: HostConfig,
     dropped: Arc<AtomicU64>,
+    durable: Option<DurableLoop>,
+}
+
+/// The journal side of a durable host loop.
+struct DurableLoop {
+    journal: Box<dyn Journal>,
+    codec: StateCodec,
+    /// The last commit's error, while commits fail.
+    journal_error: Option<String>,
+    orphans: Orphans,
+    reports: mpsc::UnboundedReceiver<OrphanReport>,
+    resumed: bool,
+    lost_at_recovery: u64,
+}
+
+impl DurableLoop {
+    /// Commits the driver's changes; on failure nothing of this drive may
+    /// be submitted.
+    fn commit(&mut self, driver: &mut ClusterDriver, now: Timestamp) -> Result<(), String> {
+        let changes = driver.take_changes(now);
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let outcome = self
+            .codec
+            .encode(&changes)
+            .map_err(|e| e.to_string())
+            .and_then(|rows| self.journal.commit(&rows).map_err(|e| e.to_string()));
+        match &outcome {
+            Ok(()) => {
+                if self.journal_error.take().is_some() {
+                    tracing::info!("the state journal is writable again");
+                }
+            }
+            Err(error) => {
+                // The changes are lost from the tracker; a full rewrite of
+                // what may be missing follows the next successful commit.
+                driver.track_changes();
+                if self.journal_error.as_deref() != Some(error.as_str()) {
+                    tracing::error!(
+                        "the state journal could not be written; nothing is submitted until it can: {error}"
+                    );
+                }
+                self.journal_error = Some(error.clone());
+            }
+        }
+        outcome
+    }
+}
+
+/// Collects a drive's operations so they are submitted only after the
+/// drive's changes are committed.
+#[derive(Default)]
+struct Batch {
+    operations: Vec<Operation>,
+    retired: Vec<NodeAttemptId>,
+}
+
+impl OperationSink for Batch {
+    fn submit(&mut self, operation: Operation) -> Result<(), SubmitError> {
+        self.operations.push(operation);
+        Ok(())
+    }
+
+    fn attempt_retired(&mut self, attempt: NodeAttemptId) {
+        self.retired.push(attempt);
+    }
 }
 
 impl HostLoop {
@@ -586,6 +749,9 @@ impl HostLoop {
         let mut commands_open = true;
         let mut shutdown_open = true;
         let mut observations_open = true;
+        if self.durable.as_ref().is_some_and(|d| d.resumed) {
+            self.reconcile_listing().await;
+        }
         let outcome = loop {
             if let Next::Stop(outcome) = self.step() {
                 break outcome;
@@ -593,6 +759,7 @@ impl HostLoop {
             let timer = self.timer_instant();
             let again = self.driver.is_queued();
             let teardown = self.teardown_deadline;
+            let scan_at = self.durable.as_ref().and_then(|d| d.orphans.next_scan());
             tokio::select! {
                 biased;
                 changed = self.shutdown_rx.changed(), if shutdown_open => {
@@ -622,6 +789,8 @@ impl HostLoop {
                     None => observations_open = false,
                 },
                 () = sleep_until_option(timer), if timer.is_some() => {}
+                report = recv_report(self.durable.as_mut()) => self.on_orphan_report(report),
+                () = sleep_until_option(scan_at), if scan_at.is_some() => self.start_scan(),
                 _ = tick.tick() => self.driver.trigger(),
                 () = tokio::task::yield_now(), if again => {}
             }
@@ -682,17 +851,48 @@ impl HostLoop {
                 }
             }
         }
-        match self.driver.drive_until_blocked(now, executor) {
-            Ok(report) => {
-                if report.dispatched > 0 {
-                    tracing::debug!(
-                        passes = report.passes,
-                        dispatched = report.dispatched,
-                        "drove"
-                    );
+        match &mut self.durable {
+            None => match self.driver.drive_until_blocked(now, executor) {
+                Ok(report) => {
+                    if report.dispatched > 0 || report.refused > 0 {
+                        tracing::debug!(
+                            passes = report.passes,
+                            dispatched = report.dispatched,
+                            refused = report.refused,
+                            "drove"
+                        );
+                    }
+                }
+                Err(error) => tracing::warn!("reconcile pass failed: {error}"),
+            },
+            Some(durable) => {
+                let mut batch = Batch::default();
+                if let Err(error) = self.driver.drive_until_blocked(now, &mut batch) {
+                    tracing::warn!("reconcile pass failed: {error}");
+                }
+                // G27: the drive's changes, its dispatches among them, are
+                // durable before any of its operations reaches a provider.
+                let committed = durable.commit(&mut self.driver, now);
+                for attempt in batch.retired {
+                    executor.retire(attempt);
+                }
+                for operation in batch.operations {
+                    let refused = match &committed {
+                        Ok(()) => match executor.submit(operation.clone()) {
+                            Ok(_) => continue,
+                            Err(refused) => format!("submission refused: {refused}"),
+                        },
+                        Err(error) => format!("the state journal could not be written: {error}"),
+                    };
+                    let result = ExecutorResult {
+                        op: operation.id,
+                        node: operation.node.clone(),
+                        kind: operation.kind(),
+                        outcome: Err(EffectError::definite(refused)),
+                    };
+                    fold_result(&mut self.driver, &result, now);
                 }
             }
-            Err(error) => tracing::warn!("reconcile pass failed: {error}"),
         }
         self.publish();
         if self.phase == HostPhase::ShuttingDown && self.driver.state().nodes.is_empty() {
@@ -703,7 +903,129 @@ impl HostLoop {
 
     fn snapshot(&self) -> StatusSnapshot {
         let uptime = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        StatusSnapshot::of(&self.driver, self.phase, uptime)
+        let mut snapshot = StatusSnapshot::of(&self.driver, self.phase, uptime);
+        snapshot.durability = self.durable.as_ref().map(|d| {
+            let stats = d.journal.stats();
+            DurabilityStatus {
+                resumed: d.resumed,
+                commits: stats.commits,
+                bytes_written: stats.bytes_written,
+                journal_error: d.journal_error.clone(),
+                orphans_suspected: d.orphans.suspected(),
+                orphans_collected: d.orphans.collected,
+                lost_at_recovery: d.lost_at_recovery,
+            }
+        });
+        snapshot
+    }
+
+    /// Before the first pass of a resumed run: every provider's listing
+    /// against the journal. A journaled lease of a current attempt that its
+    /// provider no longer lists is a lost node (the ladder replaces it); a
+    /// listed resource no current attempt owns is an orphan suspect.
+    async fn reconcile_listing(&mut self) {
+        let Some(adapter) = self.executor.as_ref().map(|e| e.backend().clone()) else {
+            return;
+        };
+        let run = self.config.run_id.clone();
+        let listing = list_all(&adapter, &run).await;
+        let now = self.now();
+        let Some(durable) = self.durable.as_mut() else {
+            return;
+        };
+        let mut adopted = 0_usize;
+        let mut lost = Vec::new();
+        for (kind, listed) in &listing {
+            let listed = match listed {
+                Ok(listed) => listed,
+                Err(error) => {
+                    tracing::warn!(provider = %kind, "cannot list the provider's nodes at recovery: {error}");
+                    continue;
+                }
+            };
+            let keys: BTreeSet<_> = listed.iter().map(|n| &n.key).collect();
+            for node in listed {
+                if node.key.run_id != run {
+                    continue;
+                }
+                if owned(self.driver.state(), &node.key) {
+                    adopted += 1;
+                } else {
+                    durable.orphans.seed(kind, node);
+                }
+            }
+            for (id, node) in &self.driver.state().nodes {
+                let ours = node.spec.template().provider == *kind;
+                let leased = node
+                    .record
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.attempt == node.attempt);
+                if !ours || !leased || node.record.stage == provisioning::NodeStage::Destroyed {
+                    continue;
+                }
+                let key = provisioning_provider::AttemptKey {
+                    run_id: run.clone(),
+                    node: id.clone(),
+                    attempt: node.attempt,
+                };
+                if !keys.contains(&key) {
+                    lost.push((id.clone(), node.attempt));
+                }
+            }
+        }
+        durable.lost_at_recovery = lost.len() as u64;
+        for (node, attempt) in lost {
+            tracing::info!(%node, %attempt, "journaled node no longer listed by its provider: lost");
+            let observation = Observation::NodeLost {
+                node,
+                attempt,
+                cause: LossCause::LeaseGone,
+            };
+            fold_observation(&mut self.driver, &observation, now);
+        }
+        tracing::info!(
+            adopted,
+            lost = durable.lost_at_recovery,
+            orphans = durable.orphans.suspected(),
+            "recovery listing reconciled"
+        );
+    }
+
+    fn start_scan(&mut self) {
+        let Some(adapter) = self.executor.as_ref().map(|e| e.backend().clone()) else {
+            return;
+        };
+        if let Some(durable) = self.durable.as_mut() {
+            durable
+                .orphans
+                .start_scan(adapter, self.config.run_id.clone());
+        }
+    }
+
+    fn on_orphan_report(&mut self, report: Option<OrphanReport>) {
+        let Some(report) = report else {
+            return;
+        };
+        let Some(adapter) = self.executor.as_ref().map(|e| e.backend().clone()) else {
+            return;
+        };
+        let Some(durable) = self.durable.as_mut() else {
+            return;
+        };
+        match report {
+            OrphanReport::Listed(listing) => {
+                durable.orphans.on_listing(
+                    &listing,
+                    self.driver.state(),
+                    &adapter,
+                    &self.config.run_id,
+                );
+            }
+            OrphanReport::Destroyed { kind, key, outcome } => {
+                durable.orphans.on_destroyed(kind, key, outcome);
+            }
+        }
     }
 
     fn publish(&self) {
@@ -859,6 +1181,21 @@ impl HostLoop {
                 tracing::error!(provider = %kind, "the plugin's shutdown did not finish in time");
             }
         }
+        if let Some(durable) = self.durable.as_mut() {
+            let now = Timestamp::from_millis(
+                u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
+            );
+            let clean = outcome == ShutdownOutcome::Clean && self.driver.state().nodes.is_empty();
+            let committed = durable.commit(&mut self.driver, now);
+            if clean && committed.is_ok() {
+                match durable.journal.mark_clean() {
+                    Ok(()) => tracing::info!("state marked clean"),
+                    Err(error) => tracing::error!("cannot mark the state clean: {error}"),
+                }
+            } else if !clean {
+                tracing::warn!("the state stays unclean: the next start resumes this run");
+            }
+        }
         // Releases the backend and, with it, the host's hold on the plugins.
         self.executor = None;
         self.phase = HostPhase::Stopped;
@@ -897,6 +1234,14 @@ fn fold_result(driver: &mut ClusterDriver, result: &ExecutorResult, now: Timesta
 fn fold_observation(driver: &mut ClusterDriver, observation: &Observation, now: Timestamp) {
     if let Err(error) = driver.apply_observation(observation, now) {
         tracing::debug!(node = %observation.node(), "observation not folded: {error}");
+    }
+}
+
+/// The next orphan report, or never when the host keeps no durable state.
+async fn recv_report(durable: Option<&mut DurableLoop>) -> Option<OrphanReport> {
+    match durable {
+        Some(durable) => durable.reports.recv().await,
+        None => std::future::pending().await,
     }
 }
 

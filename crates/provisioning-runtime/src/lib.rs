@@ -12,15 +12,19 @@
 //! [`provisioning::ClusterShape`] values (the `provision` CLI owns the file
 //! format).
 
+pub mod durable;
 pub mod host;
 pub mod plan;
 pub mod spawner;
 pub mod status;
 
+pub use durable::{
+    DEFAULT_ORPHAN_GRACE, DEFAULT_ORPHAN_SCAN_INTERVAL, Durability, DurabilityError, ResumeSummary,
+};
 pub use host::{
     AppliedRevision, Host, HostConfig, HostError, HostHandle, PluginEntry, ShutdownOutcome,
     ShutdownReport,
 };
 pub use plan::{ChangeKind, PlanReport, PlannedChange, PlannedStep, plan_against};
 pub use spawner::TokioSpawner;
-pub use status::{GroupStatus, HostPhase, NodeStatus, StatusSnapshot};
+pub use status::{DurabilityStatus, GroupStatus, HostPhase, NodeStatus, StatusSnapshot};

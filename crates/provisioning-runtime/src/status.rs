@@ -53,6 +53,29 @@ pub struct StatusSnapshot {
     pub groups: Vec<GroupStatus>,
     /// One entry per managed node, in slot order.
     pub nodes: Vec<NodeStatus>,
+    /// The journal and orphan collection, when the host keeps durable state.
+    #[serde(default)]
+    pub durability: Option<DurabilityStatus>,
+}
+
+/// What a host that keeps durable state reports about it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DurabilityStatus {
+    /// Whether the host resumed a run a previous controller left unclean.
+    pub resumed: bool,
+    /// Journal commits since the host started.
+    pub commits: u64,
+    /// Approximate bytes the journal wrote since the host started.
+    pub bytes_written: u64,
+    /// The last journal error, while commits fail (operations wait).
+    pub journal_error: Option<String>,
+    /// Provider resources no node's current attempt owns, waiting out their
+    /// grace period before they are destroyed.
+    pub orphans_suspected: usize,
+    /// Orphans destroyed since the host started.
+    pub orphans_collected: u64,
+    /// Nodes found lost at recovery (journaled, no longer listed).
+    pub lost_at_recovery: u64,
 }
 
 /// The state of one desired group.
@@ -132,6 +155,7 @@ impl StatusSnapshot {
             uptime_ms,
             groups,
             nodes,
+            durability: None,
         }
     }
 
@@ -153,6 +177,7 @@ impl StatusSnapshot {
             || self.phase != other.phase
             || self.groups != other.groups
             || self.nodes != other.nodes
+            || self.durability != other.durability
     }
 }
 
