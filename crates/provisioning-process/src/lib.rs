@@ -35,6 +35,6 @@ pub mod wire;
 
 pub use credential::{NodeCredential, RunSecret};
 pub use plugin::{
-    AgentCommand, AgentLifetime, DEFAULT_STOP_GRACE, ENDPOINT_PROBE_INTERVAL, PROVIDER_KIND, ProcessError,
-    ProcessPlugin, ProcessPluginConfig,
+    AgentCommand, AgentLifetime, DEFAULT_STOP_GRACE, ENDPOINT_PROBE_INTERVAL, PROVIDER_KIND,
+    ProcessError, ProcessPlugin, ProcessPluginConfig,
 };

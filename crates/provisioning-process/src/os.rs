@@ -268,7 +268,10 @@ pub fn tagged_process(pid: i32, key: &AttemptKey) -> Option<TaggedProcess> {
 pub fn tcp_listeners(pid: i32) -> io::Result<Vec<SocketAddr>> {
     let dir = Path::new("/proc").join(pid.to_string());
     let mut inodes = BTreeSet::new();
-    for entry in fs::read_dir(dir.join("fd"))?.take(FDS_SCANNED_MAX).flatten() {
+    for entry in fs::read_dir(dir.join("fd"))?
+        .take(FDS_SCANNED_MAX)
+        .flatten()
+    {
         let Ok(target) = fs::read_link(entry.path()) else {
             continue;
         };

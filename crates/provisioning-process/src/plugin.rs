@@ -610,9 +610,8 @@ impl ProcessPlugin {
                             session.state,
                             SessionState::AwaitingJoin | SessionState::Joined
                         ) {
-                            replay.push(BootstrapEvent::Progress(
-                                BootstrapProgress::WaitingForJoin,
-                            ));
+                            replay
+                                .push(BootstrapEvent::Progress(BootstrapProgress::WaitingForJoin));
                         }
                         if session.state == SessionState::Joined {
                             replay.push(BootstrapEvent::Joined);

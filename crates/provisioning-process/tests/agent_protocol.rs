@@ -34,6 +34,7 @@ fn order_for(key: &AttemptKey, swarm: std::net::SocketAddr) -> BootOrder {
             swarm: "main".to_owned(),
             labels: Default::default(),
         },
+        resume_only: false,
     }
 }
 

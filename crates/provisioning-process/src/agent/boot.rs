@@ -347,7 +347,9 @@ impl Boot {
     fn abandon(&self, cancelled: Cancelled) {
         let started = self.agent.boot_state().phase == Phase::Started;
         if self.agent.config.detached && started && matches!(cancelled, Cancelled::HungUp) {
-            tracing::warn!("the controller hung up before the join; keeping the workload for a resume");
+            tracing::warn!(
+                "the controller hung up before the join; keeping the workload for a resume"
+            );
             return;
         }
         tracing::warn!("the controller abandoned the boot; stopping its commands");
@@ -705,9 +707,7 @@ async fn hold_membership(
     }
 }
 
-async fn next_notice(
-    notices: &mut Option<mpsc::Receiver<SwarmNotice>>,
-) -> Option<SwarmNotice> {
+async fn next_notice(notices: &mut Option<mpsc::Receiver<SwarmNotice>>) -> Option<SwarmNotice> {
     match notices {
         Some(notices) => notices.recv().await,
         None => None,
