@@ -165,10 +165,13 @@ pub struct ProcessPluginConfig {
     pub run_secret: RunSecret,
     /// The grace between `SIGTERM` and `SIGKILL` when a node is destroyed.
     pub stop_grace: Duration,
+    /// Whether agents die with the controller (the default) or outlive it.
+    pub lifetime: AgentLifetime,
 }
 
 impl ProcessPluginConfig {
-    /// A configuration with a fresh secret and [`DEFAULT_STOP_GRACE`].
+    /// A configuration with a fresh secret, [`DEFAULT_STOP_GRACE`] and
+    /// agents that die with the controller.
     ///
     /// # Panics
     /// As [`RunSecret::generate`].
@@ -178,6 +181,7 @@ impl ProcessPluginConfig {
             agent,
             run_secret: RunSecret::generate(),
             stop_grace: DEFAULT_STOP_GRACE,
+            lifetime: AgentLifetime::default(),
         }
     }
 }
@@ -211,24 +215,14 @@ impl ProcessPlugin {
     /// thread that spawns agents.
     ///
     /// # Errors
-    /// [`ProcessError`] when not inside a tokio runtime, or when the listener
-    /// or the spawner thread cannot be created.
+    /// [`ProcessError`] when not inside a tokio runtime, or when the listener,
+    /// the spawner thread or a detached agents' log directory cannot be
+    /// created.
     pub async fn start(config: ProcessPluginConfig) -> Result<Arc<ProcessPlugin>, ProcessError> {
-        ProcessPlugin::start_with(config, AgentLifetime::default()).await
-    }
-
-    /// As [`ProcessPlugin::start`], with agents of the given lifetime.
-    ///
-    /// # Errors
-    /// As [`ProcessPlugin::start`], and [`ProcessError::LogDir`].
-    pub async fn start_with(
-        config: ProcessPluginConfig,
-        lifetime: AgentLifetime,
-    ) -> Result<Arc<ProcessPlugin>, ProcessError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| ProcessError::NoRuntime)?;
         if let AgentLifetime::Detached {
             log_dir: Some(path),
-        } = &lifetime
+        } = &config.lifetime
         {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
@@ -245,7 +239,7 @@ impl ProcessPlugin {
             .map_err(ProcessError::Listen)?;
         let swarm_address = listener.local_addr().map_err(ProcessError::Listen)?;
         let spawner = Spawner::start(runtime).map_err(ProcessError::SpawnerThread)?;
-        let shared = Arc::new(Shared::new(config, lifetime));
+        let shared = Arc::new(Shared::new(config));
         let listener_task =
             tokio::spawn(swarm::accept_loop(shared.clone(), listener)).abort_handle();
         tracing::info!(run = %shared.run_id, %swarm_address, "process plugin started");

@@ -114,14 +114,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: ProcessPluginConfig, lifetime: AgentLifetime) -> Self {
+    pub(crate) fn new(config: ProcessPluginConfig) -> Self {
         let (shutdown, _) = watch::channel(false);
         Shared {
             run_id: config.run_id,
             secret: config.run_secret,
             agent: config.agent,
             stop_grace: config.stop_grace,
-            lifetime,
+            lifetime: config.lifetime,
             sink: Mutex::new(None),
             table: Mutex::new(BTreeMap::new()),
             closing: AtomicBool::new(false),

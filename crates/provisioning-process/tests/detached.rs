@@ -16,19 +16,11 @@ use common::*;
 use provisioning::observe::BootstrapEvent;
 use provisioning::state::BootstrapProgress;
 use provisioning::{EndpointLookup, RunId};
-use provisioning_process::{AgentLifetime, ProcessPlugin, RunSecret, os};
+use provisioning_process::{ProcessPlugin, RunSecret, os};
 use provisioning_provider::{AttemptKey, BootstrapRequest, ProvisionPlugin};
 
 async fn detached_plugin(run: &RunId, log_dir: &Path) -> (Arc<ProcessPlugin>, Recorder) {
-    let lifetime = AgentLifetime::Detached {
-        log_dir: Some(log_dir.to_owned()),
-    };
-    let plugin = ProcessPlugin::start_with(config(run), lifetime)
-        .await
-        .expect("plugin starts");
-    let recorder = Recorder::default();
-    plugin.attach(recorder.sink());
-    (plugin, recorder)
+    plugin_with(detached_config(run, Some(log_dir))).await
 }
 
 /// The pids of `key`'s node other than its agent: the workload's.
@@ -287,12 +279,9 @@ async fn a_resume_without_the_agents_credential_is_refused_and_changes_nothing()
     let workload = workload_pids(&key);
 
     // Another secret: its credential is not the agent's.
-    let mut forged = config(&run);
+    let mut forged = detached_config(&run, None);
     forged.run_secret = RunSecret::from_bytes([7; 32]);
-    let lifetime = AgentLifetime::Detached { log_dir: None };
-    let second = ProcessPlugin::start_with(forged, lifetime).await.unwrap();
-    let events = Recorder::default();
-    second.attach(events.sink());
+    let (second, events) = plugin_with(forged).await;
     let adopted = second.create_node(&key, &spec).await.unwrap();
     assert!(adopted.adopted);
     let endpoint = wait_endpoint(&second, &key, &adopted).await;

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use provisioning::RunId;
 use provisioning::{EndpointLookup, LogicalNodeSpec};
-use provisioning_process::{AgentLifetime, ProcessPlugin, os};
+use provisioning_process::{ProcessPlugin, os};
 use provisioning_provider::{AttemptKey, BootstrapRequest, ProvisionPlugin};
 
 const TEST_NAME: &str = "detached_agents_survive_sigkill_of_their_controller_and_a_restarted_plugin_adopts_them_without_restarting_workloads";
@@ -117,12 +117,7 @@ fn specs(run: &RunId) -> (LogicalNodeSpec, LogicalNodeSpec) {
 }
 
 async fn detached_plugin(run: &RunId, logs: Option<PathBuf>) -> (Arc<ProcessPlugin>, Recorder) {
-    let plugin = ProcessPlugin::start_with(config(run), AgentLifetime::Detached { log_dir: logs })
-        .await
-        .expect("plugin starts");
-    let recorder = Recorder::default();
-    plugin.attach(recorder.sink());
-    (plugin, recorder)
+    plugin_with(detached_config(run, logs.as_deref())).await
 }
 
 /// Every process of `run` that is not an agent, by pid.

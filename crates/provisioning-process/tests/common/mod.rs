@@ -14,7 +14,9 @@ use provisioning::{
     NodeTemplate, Observation, ProviderShape, RunId, SwarmJoinTemplate,
 };
 use provisioning_process::os::{self, TaggedProcess};
-use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig, RunSecret};
+use provisioning_process::{
+    AgentCommand, AgentLifetime, ProcessPlugin, ProcessPluginConfig, RunSecret,
+};
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, NodeLease, ObservationSink, ProvisionPlugin,
 };
@@ -197,12 +199,23 @@ pub fn config(run: &RunId) -> ProcessPluginConfig {
         agent: AgentCommand::new(AGENT, []),
         run_secret: RunSecret::from_bytes(SECRET),
         stop_grace: Duration::from_millis(500),
+        lifetime: AgentLifetime::WithController,
     }
 }
 
 /// A started plugin with a recording sink attached.
 pub async fn plugin(run: &RunId) -> (Arc<ProcessPlugin>, Recorder) {
     plugin_with(config(run)).await
+}
+
+/// `config(run)` with agents that outlive the plugin, logging to `log_dir`.
+pub fn detached_config(run: &RunId, log_dir: Option<&std::path::Path>) -> ProcessPluginConfig {
+    ProcessPluginConfig {
+        lifetime: AgentLifetime::Detached {
+            log_dir: log_dir.map(std::path::Path::to_owned),
+        },
+        ..config(run)
+    }
 }
 
 pub async fn plugin_with(config: ProcessPluginConfig) -> (Arc<ProcessPlugin>, Recorder) {
