@@ -500,6 +500,7 @@ fn plugin_config(run_id: &RunId) -> ProcessPluginConfig {
         agent: AgentCommand::new(PROVISION, [OsString::from(AGENT_SUBCOMMAND)]),
         run_secret: RunSecret::generate(),
         stop_grace: STOP_GRACE,
+        lifetime: provisioning_process::AgentLifetime::WithController,
     }
 }
 

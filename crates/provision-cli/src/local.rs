@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use provisioning::{RetryPolicy, RunId};
 use provisioning_process::{
-    AgentCommand, ENDPOINT_PROBE_INTERVAL, ProcessPlugin, ProcessPluginConfig, RunSecret,
+    AgentCommand, AgentLifetime, ENDPOINT_PROBE_INTERVAL, ProcessPlugin, ProcessPluginConfig,
+    RunSecret,
 };
+
+use crate::shape_file::ProcessSettings;
 use provisioning_runtime::PluginEntry;
 
 /// The provider kinds this build serves.
@@ -30,7 +33,15 @@ pub(crate) const AGENT_SUBCOMMAND: &str = "agent";
 pub(crate) async fn start_plugins(
     run_id: &RunId,
     run_secret: RunSecret,
+    settings: &ProcessSettings,
 ) -> anyhow::Result<Vec<PluginEntry>> {
+    let lifetime = if settings.detached {
+        AgentLifetime::Detached {
+            log_dir: settings.log_dir.clone(),
+        }
+    } else {
+        AgentLifetime::WithController
+    };
     let program = std::env::current_exe()?;
     let config = ProcessPluginConfig {
         run_id: run_id.clone(),
@@ -40,6 +51,7 @@ pub(crate) async fn start_plugins(
         },
         run_secret,
         stop_grace: STOP_GRACE,
+        lifetime,
     };
     let plugin = ProcessPlugin::start(config).await?;
     tracing::info!(swarm = %plugin.swarm_address(), "local-process provider started");

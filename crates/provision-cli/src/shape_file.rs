@@ -190,6 +190,18 @@ pub(crate) struct ShapeSource {
     pub(crate) run_id: RunId,
     /// Its groups, each declared for the run.
     pub(crate) groups: Vec<NodeGroup>,
+    /// Settings of the embedded local-process provider.
+    pub(crate) process: ProcessSettings,
+}
+
+/// How the embedded provider runs its agents (`[providers.process]`). Read
+/// when `up` starts; an edit takes effect at the next start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ProcessSettings {
+    /// Whether agents outlive the controller (`agents = "detached"`).
+    pub(crate) detached: bool,
+    /// Where detached agents write their logs (`log_dir`).
+    pub(crate) log_dir: Option<PathBuf>,
 }
 
 impl ShapeSource {
@@ -221,8 +233,35 @@ impl ShapeSource {
 #[serde(deny_unknown_fields)]
 struct FileDocument {
     run: Spanned<String>,
+    #[serde(default)]
+    providers: FileProviders,
     #[serde(default, rename = "group")]
     groups: Vec<Spanned<FileGroup>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileProviders {
+    #[serde(default)]
+    process: FileProcessProvider,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileProcessProvider {
+    #[serde(default)]
+    agents: FileAgents,
+    #[serde(default)]
+    log_dir: Option<Spanned<String>>,
+}
+
+/// Whether the embedded provider's agents die with the controller.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum FileAgents {
+    #[default]
+    WithController,
+    Detached,
 }
 
 #[derive(Debug, Deserialize)]
@@ -377,10 +416,32 @@ pub(crate) fn parse(
     if let Err(error) = shape.validate() {
         return Err(core_error(&at, &document, error));
     }
+    let process = &document.providers.process;
+    let detached = process.agents == FileAgents::Detached;
+    if let Some(log_dir) = &process.log_dir {
+        if !detached {
+            return Err(at.error(
+                Some(log_dir.span()),
+                Some("providers.process.log_dir".to_owned()),
+                "log_dir is only used with agents = \"detached\" (agents that die with the controller log through it)".to_owned(),
+            ));
+        }
+        if log_dir.get_ref().is_empty() {
+            return Err(at.error(
+                Some(log_dir.span()),
+                Some("providers.process.log_dir".to_owned()),
+                "log_dir must not be empty".to_owned(),
+            ));
+        }
+    }
     Ok(ShapeSource {
         path: path.to_owned(),
         run_id,
         groups: shape.groups,
+        process: ProcessSettings {
+            detached,
+            log_dir: process.log_dir.as_ref().map(|d| PathBuf::from(d.get_ref())),
+        },
     })
 }
 
@@ -656,6 +717,33 @@ swarm = "jobs"
     fn check_error(text: &str, expected: &str) {
         let error = parse_text(text).expect_err("the file must be rejected");
         assert_eq!(error.to_string(), expected);
+    }
+
+    #[test]
+    fn the_process_provider_runs_agents_with_the_controller_unless_told_to_detach_them() {
+        assert_eq!(
+            parse_text(GOOD).unwrap().process,
+            ProcessSettings::default()
+        );
+        let detached =
+            "run = \"r\"\n[providers.process]\nagents = \"detached\"\nlog_dir = \"/var/log/r\"\n";
+        assert_eq!(
+            parse_text(detached).unwrap().process,
+            ProcessSettings {
+                detached: true,
+                log_dir: Some(PathBuf::from("/var/log/r")),
+            }
+        );
+        let wrong = "run = \"r\"\n[providers.process]\nagents = \"forever\"\n";
+        let error = parse_text(wrong).unwrap_err().to_string();
+        assert!(error.starts_with("shape.toml:3:"), "{error}");
+        assert!(error.contains("providers.process.agents"), "{error}");
+        let stray = "run = \"r\"\n[providers.process]\nlog_dir = \"/tmp/x\"\n";
+        let error = parse_text(stray).unwrap_err().to_string();
+        assert!(
+            error.contains("only used with agents = \"detached\""),
+            "{error}"
+        );
     }
 
     #[test]

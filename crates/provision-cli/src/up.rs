@@ -94,7 +94,14 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
         ));
     }
 
-    let host = start_host(&source.run_id, secret, durability, options.shutdown_timeout).await?;
+    let host = start_host(
+        &source.run_id,
+        secret,
+        &source.process,
+        durability,
+        options.shutdown_timeout,
+    )
+    .await?;
     let handle = host.handle();
 
     match handle
@@ -180,10 +187,11 @@ fn refused(message: &str) -> ExitCode {
 async fn start_host(
     run_id: &RunId,
     secret: provisioning_process::RunSecret,
+    settings: &shape_file::ProcessSettings,
     durability: Durability,
     shutdown_timeout: Duration,
 ) -> anyhow::Result<Host> {
-    let plugins = local::start_plugins(run_id, secret).await?;
+    let plugins = local::start_plugins(run_id, secret, settings).await?;
     let mut config = HostConfig::new(run_id.clone());
     config.policy = local::retry_policy();
     config.shutdown_deadline = shutdown_timeout;
@@ -241,7 +249,11 @@ pub(crate) async fn down_from_state(
         }
     };
     let run_id = RunId::new(run.as_str());
-    let host = start_host(&run_id, secret, durability, timeout).await?;
+    // Detached agents that outlived the crash are found through /proc
+    // whatever the setting; agents started from here on (none: this is a
+    // teardown) would die with this process.
+    let settings = shape_file::ProcessSettings::default();
+    let host = start_host(&run_id, secret, &settings, durability, timeout).await?;
     let report = host.handle().shutdown().await;
     host.join().await;
     Ok(match report.outcome {

@@ -895,3 +895,132 @@ fn down_without_a_running_up_tears_a_crashed_run_down_from_its_state() {
     assert_eq!(again.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&again.stderr).contains("no run was left unclean"));
 }
+
+/// A shape whose agents outlive their controller.
+fn detached_shape(cluster: &Cluster, groups: &[(&str, u32, &str)]) -> String {
+    let logs = cluster.dir.path().join("agent-logs");
+    let text = shape(&cluster.run, groups);
+    // After the top-level `run` key, before the group tables.
+    let (run_line, tables) = text.split_once('\n').expect("a run line");
+    format!(
+        "{run_line}\n\n[providers.process]\nagents = \"detached\"\nlog_dir = \"{}\"\n{tables}",
+        logs.display()
+    )
+}
+
+/// Every process of the run (agents and workloads), by pid.
+fn run_pids(cluster: &Cluster) -> Vec<i32> {
+    let mut pids: Vec<i32> = os::run_processes(&cluster.run_id())
+        .expect("read /proc")
+        .into_iter()
+        .map(|p| p.pid)
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+#[test]
+fn in_detached_mode_a_restart_after_kill_9_adopts_every_node_without_restarting_a_workload() {
+    let mut cluster = Cluster::new("adopt");
+    cluster.write_text(&detached_shape(
+        &cluster,
+        &[("web", 3, WORKLOAD), ("db", 1, WORKLOAD)],
+    ));
+    cluster.start();
+    let before = cluster.wait_converged(1);
+    let pids_before = run_pids(&cluster);
+    assert!(
+        pids_before.len() >= 8,
+        "agents and workloads: {pids_before:?}"
+    );
+    cluster.signal_up(Signal::SIGKILL);
+    let _ = cluster.wait_up_exit();
+    assert_eq!(
+        run_pids(&cluster),
+        pids_before,
+        "the fleet outlives its controller"
+    );
+
+    cluster.start();
+    let after = cluster.wait_converged(1);
+    assert!(
+        cluster.up_output().contains("resuming run"),
+        "{}",
+        cluster.up_output()
+    );
+    for id in ["web-0", "web-1", "web-2", "db-0"] {
+        assert_eq!(
+            attempt_of(&after, id),
+            attempt_of(&before, id),
+            "{id} adopted"
+        );
+    }
+    assert_eq!(
+        run_pids(&cluster),
+        pids_before,
+        "no agent or workload restarted"
+    );
+    assert_eq!(after["durability"]["lost_at_recovery"], 0);
+
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+    assert_eq!(run_pids(&cluster), Vec::<i32>::new());
+}
+
+#[test]
+fn in_detached_mode_kill_9_at_any_point_of_a_bring_up_ends_with_exactly_the_desired_agents() {
+    const NODES: u32 = 20;
+    const REPETITIONS: u64 = 20;
+    let mut cluster = Cluster::new("chaos");
+    cluster.write_text(&detached_shape(&cluster, &[("w", NODES, WORKLOAD)]));
+    // A fixed sequence of crash points between 0 and 1.5 s into the start.
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for repetition in 0..REPETITIONS {
+        cluster.start();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        sleep(Duration::from_millis(seed % 1500));
+        cluster.signal_up(Signal::SIGKILL);
+        let _ = cluster.wait_up_exit();
+
+        cluster.start();
+        let status = cluster.wait_converged(1);
+        let agents = cluster.agents();
+        let slots: std::collections::BTreeSet<&str> =
+            agents.iter().map(|(node, _)| node.as_str()).collect();
+        assert_eq!(
+            agents.len(),
+            NODES as usize,
+            "repetition {repetition}: exactly {NODES} agents, counted from /proc: {agents:?}"
+        );
+        assert_eq!(
+            slots.len(),
+            NODES as usize,
+            "one agent per slot: {agents:?}"
+        );
+        for (node, attempt) in &agents {
+            assert_eq!(
+                Some(attempt_of(&status, node)),
+                *attempt,
+                "repetition {repetition}: {node}'s agent is its current attempt"
+            );
+        }
+        cluster.signal_up(Signal::SIGKILL);
+        let _ = cluster.wait_up_exit();
+    }
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    let stdout = String::from_utf8_lossy(&down.stdout);
+    assert!(
+        down.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert_eq!(cluster.agents(), vec![], "{stdout}");
+    assert_eq!(run_pids(&cluster), Vec::<i32>::new());
+}

@@ -100,6 +100,10 @@ struct Outcome {
     wall: Duration,
     commits: u64,
     bytes: u64,
+    /// Time in `take_changes`, in the codec and in the journal's commit.
+    take: Duration,
+    encode: Duration,
+    commit: Duration,
 }
 
 fn bring_up(nodes: u32, mut journal: Option<Box<dyn Journal>>) -> Outcome {
@@ -108,6 +112,7 @@ fn bring_up(nodes: u32, mut journal: Option<Box<dyn Journal>>) -> Outcome {
     let mut driver = ClusterDriver::new(RunId::new(RUN), RetryPolicy::default()).expect("driver");
     let mut codec = StateCodec::new();
     let now = Timestamp::ZERO;
+    let (mut take, mut encode, mut commit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let start = Instant::now();
     if journal.is_some() {
         driver.track_changes();
@@ -122,11 +127,17 @@ fn bring_up(nodes: u32, mut journal: Option<Box<dyn Journal>>) -> Outcome {
             Some(journal) => {
                 let mut batch = Batch::default();
                 driver.drive_until_blocked(now, &mut batch).expect("drive");
+                let t0 = Instant::now();
                 let changes = driver.take_changes(now);
+                let t1 = Instant::now();
                 if !changes.is_empty() {
                     let rows = codec.encode(&changes).expect("encode");
+                    let t2 = Instant::now();
                     journal.commit(&rows).expect("commit");
+                    encode += t2 - t1;
+                    commit += t2.elapsed();
                 }
+                take += t1 - t0;
                 for operation in batch.0 {
                     executor.submit(operation).expect("submit");
                 }
@@ -167,6 +178,9 @@ fn bring_up(nodes: u32, mut journal: Option<Box<dyn Journal>>) -> Outcome {
         wall,
         commits: stats.commits,
         bytes: stats.bytes_written,
+        take,
+        encode,
+        commit,
     }
 }
 
@@ -215,8 +229,8 @@ fn main() {
     };
     let base = median(&mut samples[0]).wall;
     println!(
-        "{:>16} {:>9} {:>7} {:>8} {:>12}",
-        "variant", "wall ms", "ratio", "commits", "bytes/node"
+        "{:>16} {:>9} {:>7} {:>8} {:>12} {:>8} {:>10} {:>10}",
+        "variant", "wall ms", "ratio", "commits", "bytes/node", "take ms", "encode ms", "commit ms"
     );
     for (i, (name, _)) in variants.iter().enumerate() {
         let outcome = if i == 0 {
@@ -224,16 +238,23 @@ fn main() {
                 wall: base,
                 commits: 0,
                 bytes: 0,
+                take: Duration::ZERO,
+                encode: Duration::ZERO,
+                commit: Duration::ZERO,
             }
         } else {
             median(&mut samples[i])
         };
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         println!(
-            "{name:>16} {:>9.0} {:>7.2} {:>8} {:>12.0}",
-            outcome.wall.as_secs_f64() * 1000.0,
+            "{name:>16} {:>9.0} {:>7.2} {:>8} {:>12.0} {:>8.0} {:>10.0} {:>10.0}",
+            ms(outcome.wall),
             outcome.wall.as_secs_f64() / base.as_secs_f64(),
             outcome.commits,
-            outcome.bytes as f64 / f64::from(nodes)
+            outcome.bytes as f64 / f64::from(nodes),
+            ms(outcome.take),
+            ms(outcome.encode),
+            ms(outcome.commit),
         );
     }
 }

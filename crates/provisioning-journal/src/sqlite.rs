@@ -92,7 +92,7 @@ CREATE TABLE nodes (
     attempt INTEGER NOT NULL CHECK (attempt >= 0),
     stage   TEXT    NOT NULL,
     body    TEXT    NOT NULL
-);
+) WITHOUT ROWID;
 ";
 
 const UPSERT_META: &str = "INSERT INTO meta (key, value) VALUES (?1, ?2) \

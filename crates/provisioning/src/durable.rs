@@ -39,6 +39,7 @@ pub struct DurableMeta {
     /// The desired shape in force, with its generation.
     pub desired: ClusterShape,
     /// The last generation a pass evaluated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<Generation>,
     /// The allocator's high-water mark: the next attempt id it would hand out.
     pub next_attempt: u64,
@@ -59,6 +60,7 @@ pub struct DurableNode {
     /// The lifecycle facts of the attempt.
     pub record: NodeRecord,
     /// The operation in flight when the state was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<PendingOperation>,
     /// The sequence the attempt's next operation gets.
     pub next_sequence: OperationSequence,

@@ -189,6 +189,7 @@ pub struct BootstrapFacts {
     /// The attempt the session belongs to.
     pub attempt: NodeAttemptId,
     /// The provider's name for the session, once the start result named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionHandle>,
     /// Whether the session still runs.
     pub state: SessionState,
@@ -225,18 +226,25 @@ pub struct NodeRecord {
     /// Whether the node is ready (converged for its spec).
     pub ready: bool,
     /// The lease, while it is (or may be) live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseFacts>,
     /// The endpoint, while the lease is live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<EndpointFacts>,
     /// The bootstrap session, once one was started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapFacts>,
     /// The swarm join, once the agent joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swarm: Option<SwarmJoinFacts>,
     /// When the handoff (bootstrap close after join) was folded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handed_off_at: Option<Timestamp>,
     /// Why the attempt failed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<FailureFacts>,
     /// When cleanup finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destroyed_at: Option<Timestamp>,
 }
 
@@ -300,12 +308,16 @@ pub struct RetryState {
     /// Failures since the node was last ready; carries into a replacement.
     pub consecutive_failures: u32,
     /// No effect before this instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_effect_at: Option<Timestamp>,
     /// A failed attempt restarts no earlier than this instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_at: Option<Timestamp>,
     /// The last error, for operators.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// An ambiguous create/start to re-issue before anything destructive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ambiguous: Option<AmbiguousOperation>,
 }
 
