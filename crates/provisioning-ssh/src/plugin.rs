@@ -1,0 +1,586 @@
+//! [`SshPlugin`]: leases that are slots claimed on the hosts of an inventory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use provisioning::effect::SessionHandle;
+use provisioning::observe::BootstrapEvent;
+use provisioning::state::BootstrapProgress;
+use provisioning::{
+    Endpoint, EndpointLookup, LeaseHandle, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, RunId,
+};
+use provisioning_provider::{
+    AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
+    PluginError, ProvisionPlugin,
+};
+
+use crate::config::{ConfigErrors, SshHost, SshPluginConfig, is_safe_name};
+use crate::script;
+use crate::ssh::{self, Reply, SshFailure, quote};
+
+/// The provider kind this plugin serves.
+pub const PROVIDER_KIND: &str = "ssh";
+
+/// A closed port on every host: where the fault hook's refused connections go.
+const REFUSED_PORT: u16 = 1;
+
+/// A step of the plugin the fault hook can fault (see [`SshPlugin::arm_fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultStep {
+    /// The claim of a slot in `create_node` (after the look for an existing claim).
+    Claim,
+    /// The release of a claim in `destroy_node`.
+    Release,
+}
+
+/// How a faulted step fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultMode {
+    /// The step's SSH connection goes to a closed port of the host: a real
+    /// refused connection, before anything ran (definite).
+    Refused,
+    /// The step runs on the host, then its reply is thrown away (ambiguous).
+    ReplyLost,
+}
+
+/// A [`ProvisionPlugin`] over a static inventory of SSH hosts.
+///
+/// # How it works
+/// - A lease is a claim directory `{claim_root}/{run}/{node}/a{attempt}` on
+///   one host, created with `mkdir` while holding `flock` on
+///   `{claim_root}/.lock` after counting the host's claims (of every run)
+///   against its `slots`. The claim lives on the host, so `create_node`
+///   adopts it and `list_nodes` finds it from any controller, also after a
+///   restart. The lease handle is `ssh:{host}:{run}/{node}/a{attempt}`.
+/// - `create_node` first asks every host whether the key's claim exists
+///   (adopting it when it does), then claims a slot on the first host, in
+///   inventory order, that has one free. No free slot anywhere is a definite
+///   failure that names the inventory and says what each host answered.
+/// - Every call is one `ssh … sh -s` with the script on standard input,
+///   `BatchMode=yes`, `StrictHostKeyChecking=yes` against the configured
+///   known-hosts file only, and `ConnectTimeout`. A host key that is unknown
+///   or changed is a definite failure with a loud message.
+/// - A call that never connected (refused, timed out, no route, not
+///   authenticated, bad host key) did nothing: definite. A call that broke
+///   or timed out after its script may have started is ambiguous.
+///
+/// # Not yet done
+/// `start_bootstrap` runs the verify commands and starts the workload
+/// (`boot.start_command`) detached in a session of its own, recorded in the
+/// claim; it does not yet install the node agent nor wait for its swarm
+/// join, so no node of this plugin reports `Joined`.
+pub struct SshPlugin {
+    config: Arc<SshPluginConfig>,
+    sink: Mutex<Option<ObservationSink>>,
+    /// The hosts this instance sent a claim of each key to: a host among
+    /// them that cannot be asked may hold the key's claim.
+    sent: Mutex<BTreeMap<AttemptKey, BTreeSet<usize>>>,
+    faults: Mutex<BTreeMap<FaultStep, FaultMode>>,
+}
+
+impl fmt::Debug for SshPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SshPlugin")
+            .field("run_id", &self.config.run_id)
+            .field("inventory", &self.config.inventory_name)
+            .field("hosts", &self.config.hosts.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A claim's path below the claim root: `{run}/{node}/a{attempt}`.
+fn claim_path(key: &AttemptKey) -> Result<String, PluginError> {
+    let node = key.node.to_string();
+    if !is_safe_name(key.run_id.as_str()) || !is_safe_name(&node) {
+        return Err(PluginError::definite(format!(
+            "{key} cannot name a claim directory: run and group names must use letters, digits, '.', '_' and '-'"
+        )));
+    }
+    Ok(format!("{}/{node}/{}", key.run_id, key.attempt))
+}
+
+impl SshPlugin {
+    /// A plugin over `config`'s inventory. It connects to nothing yet.
+    ///
+    /// # Errors
+    /// Every problem of the configuration ([`SshPluginConfig::validate`]).
+    pub fn new(config: SshPluginConfig) -> Result<Self, ConfigErrors> {
+        config.validate()?;
+        Ok(SshPlugin {
+            config: Arc::new(config),
+            sink: Mutex::new(None),
+            sent: Mutex::new(BTreeMap::new()),
+            faults: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SshPluginConfig {
+        &self.config
+    }
+
+    /// A testing hook: makes the next `step` fail the way `mode` says, with
+    /// a real refused connection or a reply really thrown away.
+    pub fn arm_fault(&self, step: FaultStep, mode: FaultMode) {
+        lock(&self.faults).insert(step, mode);
+    }
+
+    fn take_fault(&self, step: FaultStep) -> Option<FaultMode> {
+        lock(&self.faults).remove(&step)
+    }
+
+    fn lease_of(&self, host: usize, path: &str) -> LeaseHandle {
+        LeaseHandle(format!("ssh:{}:{path}", self.config.hosts[host].name))
+    }
+
+    /// The host a lease of `key` names, if the lease is one of this
+    /// plugin's for that key. `Err` when it names a host not in the inventory.
+    fn host_of(&self, key: &AttemptKey, lease: &LeaseHandle) -> Result<Option<usize>, PluginError> {
+        let Ok(path) = claim_path(key) else {
+            return Ok(None);
+        };
+        let Some((name, rest)) = lease.0.strip_prefix("ssh:").and_then(|l| l.split_once(':'))
+        else {
+            return Ok(None);
+        };
+        if rest != path {
+            return Ok(None);
+        }
+        match self.config.hosts.iter().position(|h| h.name == name) {
+            Some(index) => Ok(Some(index)),
+            None => Err(PluginError::definite(format!(
+                "lease {} names host {name:?}, which is not in inventory {:?}: its claim cannot be reached",
+                lease.0, self.config.inventory_name
+            ))),
+        }
+    }
+
+    fn endpoint_of(&self, host: &SshHost) -> Endpoint {
+        let address = if host.address.contains(':') {
+            format!("[{}]", host.address)
+        } else {
+            host.address.clone()
+        };
+        Endpoint(format!("ssh://{}@{address}:{}", host.user, host.port))
+    }
+
+    fn host_key_message(&self, host: &SshHost, said: &str) -> String {
+        format!(
+            "HOST KEY VERIFICATION FAILED for host {:?} ({}@{}:{}): its key is UNKNOWN to, or CHANGED from, the one in the known-hosts file {}. \
+             Refusing to connect: this may be a man-in-the-middle attack or a reinstalled host; check the key out of band and fix {}. ssh said: {said}",
+            host.name,
+            host.user,
+            host.address,
+            host.port,
+            self.config.known_hosts.display(),
+            self.config.known_hosts.display(),
+        )
+    }
+
+    /// The failure of a call to `host` as a plugin error.
+    fn failure(&self, host: &SshHost, what: &str, failure: SshFailure) -> PluginError {
+        match failure {
+            SshFailure::HostKey(said) => {
+                let message = self.host_key_message(host, &said);
+                tracing::error!("{message}");
+                PluginError::definite(message)
+            }
+            SshFailure::NotConnected(said) => PluginError::definite(format!(
+                "{what}: could not connect to host {:?} ({}:{}), nothing ran: {said}",
+                host.name, host.address, host.port
+            )),
+            SshFailure::Unknown(said) => PluginError::ambiguous(format!(
+                "{what}: the call to host {:?} broke off, its outcome is unknown: {said}",
+                host.name
+            )),
+        }
+    }
+
+    async fn call(&self, host: usize, port: Option<u16>, body: &str) -> Result<Reply, SshFailure> {
+        let host = &self.config.hosts[host];
+        let script = format!("root={}\n{body}", quote(host.claim_root()));
+        ssh::run(&self.config, host, port, &script).await
+    }
+
+    fn unexpected(&self, host: usize, what: &str, reply: &Reply) -> PluginError {
+        PluginError::ambiguous(format!(
+            "{what}: host {:?} answered unexpectedly (status {}, output {:?}, errors {:?})",
+            self.config.hosts[host].name,
+            reply.status,
+            reply.stdout.trim(),
+            reply.stderr.trim()
+        ))
+    }
+
+    fn report(&self, key: &AttemptKey, event: BootstrapEvent) {
+        if let Some(sink) = lock(&self.sink).as_ref() {
+            sink.bootstrap(key, event);
+        }
+    }
+
+    /// Whether `key`'s claim is on `host`; `None` when the reply made no sense.
+    async fn probe(&self, host: usize, path: &str) -> Result<Option<bool>, SshFailure> {
+        let reply = self.call(host, None, &script::probe(path)).await?;
+        Ok(match reply.verdict() {
+            "PRESENT" => Some(true),
+            "ABSENT" => Some(false),
+            _ => None,
+        })
+    }
+}
+
+#[async_trait]
+impl ProvisionPlugin for SshPlugin {
+    fn kind(&self) -> &str {
+        PROVIDER_KIND
+    }
+
+    fn attach(&self, sink: ObservationSink) {
+        *lock(&self.sink) = Some(sink);
+    }
+
+    async fn create_node(
+        &self,
+        key: &AttemptKey,
+        _spec: &LogicalNodeSpec,
+    ) -> Result<NodeLease, PluginError> {
+        let path = claim_path(key)?;
+        let hosts = &self.config.hosts;
+        // Look on every host first: an existing claim is adopted.
+        let probes = join_all((0..hosts.len()).map(|i| self.probe(i, &path))).await;
+        let sent = lock(&self.sent).get(key).cloned().unwrap_or_default();
+        let mut notes = Vec::new();
+        let mut usable = Vec::new();
+        let mut unaskable = Vec::new();
+        for (index, probe) in probes.into_iter().enumerate() {
+            let host = &hosts[index];
+            match probe {
+                Ok(Some(true)) => {
+                    return Ok(NodeLease {
+                        lease: self.lease_of(index, &path),
+                        endpoint: None,
+                        adopted: true,
+                    });
+                }
+                Ok(Some(false)) => usable.push(index),
+                Ok(None) => {
+                    unaskable.push(index);
+                    notes.push(format!("{}: answered nonsense", host.name));
+                }
+                Err(failure) => {
+                    unaskable.push(index);
+                    notes.push(format!(
+                        "{}: {}",
+                        host.name,
+                        self.failure(host, "looking for a claim", failure)
+                    ));
+                }
+            }
+        }
+        if let Some(&index) = unaskable.iter().find(|i| sent.contains(i)) {
+            return Err(PluginError::ambiguous(format!(
+                "a claim of {key} was sent to host {:?}, which cannot be asked now; it may hold the claim ({})",
+                hosts[index].name,
+                notes.join("; ")
+            )));
+        }
+        for index in usable {
+            let host = &hosts[index];
+            let fault = self.take_fault(FaultStep::Claim);
+            let port = (fault == Some(FaultMode::Refused)).then_some(REFUSED_PORT);
+            lock(&self.sent)
+                .entry(key.clone())
+                .or_default()
+                .insert(index);
+            let forget = || {
+                if let Some(hosts) = lock(&self.sent).get_mut(key) {
+                    hosts.remove(&index);
+                }
+            };
+            let reply = match self
+                .call(index, port, &script::claim(&path, host.slots))
+                .await
+            {
+                Ok(reply) => reply,
+                Err(failure @ (SshFailure::HostKey(_) | SshFailure::NotConnected(_))) => {
+                    forget();
+                    notes.push(format!(
+                        "{}: {}",
+                        host.name,
+                        self.failure(host, "claiming a slot", failure)
+                    ));
+                    continue;
+                }
+                Err(failure) => return Err(self.failure(host, "claiming a slot", failure)),
+            };
+            let verdict = reply.verdict().to_owned();
+            let lease = |adopted| NodeLease {
+                lease: self.lease_of(index, &path),
+                endpoint: None,
+                adopted,
+            };
+            match verdict.split_whitespace().next().unwrap_or("") {
+                "CREATED" | "ADOPTED" if fault == Some(FaultMode::ReplyLost) => {
+                    return Err(PluginError::ambiguous(format!(
+                        "claiming a slot for {key} on host {:?}: the reply was lost (injected fault)",
+                        host.name
+                    )));
+                }
+                "CREATED" => return Ok(lease(false)),
+                "ADOPTED" => return Ok(lease(true)),
+                "FULL" => {
+                    forget();
+                    notes.push(format!("{}: all {} slots taken", host.name, host.slots));
+                }
+                "NOFLOCK" => {
+                    forget();
+                    notes.push(format!("{}: flock(1) is not installed", host.name));
+                }
+                "NOROOT" | "BUSY" | "CLAIMFAILED" => {
+                    forget();
+                    notes.push(format!(
+                        "{}: could not claim ({verdict}: {})",
+                        host.name,
+                        reply.stderr.trim()
+                    ));
+                }
+                _ => return Err(self.unexpected(index, "claiming a slot", &reply)),
+            }
+        }
+        Err(PluginError::definite(format!(
+            "no free slot in ssh inventory {:?} for {key}: {}",
+            self.config.inventory_name,
+            notes.join("; ")
+        )))
+    }
+
+    async fn lookup_endpoint(
+        &self,
+        key: &AttemptKey,
+        lease: &LeaseHandle,
+    ) -> Result<EndpointLookup, PluginError> {
+        let Some(index) = self.host_of(key, lease)? else {
+            return Err(PluginError::not_found(format!(
+                "{} is no lease of {key}",
+                lease.0
+            )));
+        };
+        let path = claim_path(key)?;
+        let host = &self.config.hosts[index];
+        match self.probe(index, &path).await {
+            Ok(Some(true)) => Ok(EndpointLookup::Ready(self.endpoint_of(host))),
+            Ok(Some(false)) => Err(PluginError::not_found(format!(
+                "the claim of {key} is gone from host {:?}",
+                host.name
+            ))),
+            Ok(None) => Ok(EndpointLookup::NotReady),
+            Err(failure @ SshFailure::HostKey(_)) => {
+                Err(self.failure(host, "looking up the endpoint", failure))
+            }
+            Err(failure) => {
+                tracing::debug!(host = %host.name, ?failure, "host not answering: endpoint not ready");
+                Ok(EndpointLookup::NotReady)
+            }
+        }
+    }
+
+    async fn start_bootstrap(
+        &self,
+        key: &AttemptKey,
+        request: &BootstrapRequest,
+    ) -> Result<BootstrapSession, PluginError> {
+        let Some(index) = self.host_of(key, &request.lease)? else {
+            return Err(PluginError::not_found(format!(
+                "{} is no lease of {key}",
+                request.lease.0
+            )));
+        };
+        let path = claim_path(key)?;
+        let host = &self.config.hosts[index];
+        let session = SessionHandle(format!("ssh-session:{}:{path}", host.name));
+        let boot = &request.spec.template().boot;
+        let body = script::start_session(&path, boot);
+        self.report(key, BootstrapEvent::Progress(BootstrapProgress::Connecting));
+        let reply = self
+            .call(index, None, &body)
+            .await
+            .map_err(|failure| self.failure(host, "starting the bootstrap", failure))?;
+        let verdict = reply.verdict().to_owned();
+        match verdict.split_whitespace().next().unwrap_or("") {
+            "ADOPTED" => Ok(BootstrapSession {
+                session,
+                adopted: true,
+            }),
+            "STARTED" => {
+                for stage in [
+                    BootstrapProgress::Connected,
+                    BootstrapProgress::BootChecking,
+                    BootstrapProgress::AgentStarting,
+                ] {
+                    self.report(key, BootstrapEvent::Progress(stage));
+                }
+                Ok(BootstrapSession {
+                    session,
+                    adopted: false,
+                })
+            }
+            "NOTFOUND" => Err(PluginError::not_found(format!(
+                "the claim of {key} is gone from host {:?}",
+                host.name
+            ))),
+            "VERIFYFAILED" => Err(PluginError::definite(format!(
+                "boot check failed on host {:?} for {key}: verify command #{} failed: {}",
+                host.name,
+                verdict.split_whitespace().nth(1).unwrap_or("?"),
+                reply.stderr.trim()
+            ))),
+            _ => Err(self.unexpected(index, "starting the bootstrap", &reply)),
+        }
+    }
+
+    async fn complete_bootstrap(
+        &self,
+        key: &AttemptKey,
+        session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError> {
+        let _ = session;
+        let path = claim_path(key)?;
+        // The session's claim is found on whichever host holds it.
+        for index in 0..self.config.hosts.len() {
+            let host = &self.config.hosts[index];
+            match self.probe(index, &path).await {
+                Ok(Some(true)) => {
+                    self.report(key, BootstrapEvent::Closed);
+                    return Ok(());
+                }
+                Ok(Some(false)) => {}
+                Ok(None) => {
+                    return Err(PluginError::ambiguous(format!(
+                        "completing the bootstrap: host {:?} answered nonsense",
+                        host.name
+                    )));
+                }
+                Err(failure) => {
+                    return Err(self.failure(host, "completing the bootstrap", failure));
+                }
+            }
+        }
+        Err(PluginError::not_found(format!(
+            "no host of inventory {:?} holds the claim of {key}",
+            self.config.inventory_name
+        )))
+    }
+
+    async fn cancel_bootstrap(
+        &self,
+        key: &AttemptKey,
+        session: Option<&SessionHandle>,
+    ) -> Result<(), PluginError> {
+        let _ = session;
+        let Ok(path) = claim_path(key) else {
+            return Ok(());
+        };
+        let body = script::stop_session(&path);
+        let results =
+            join_all((0..self.config.hosts.len()).map(|i| self.call(i, None, &body))).await;
+        for (index, result) in results.into_iter().enumerate() {
+            let host = &self.config.hosts[index];
+            let sent = lock(&self.sent)
+                .get(key)
+                .is_some_and(|hosts| hosts.contains(&index));
+            match result {
+                Ok(reply) if matches!(reply.verdict(), "STOPPED" | "ABSENT") => {}
+                Ok(reply) => {
+                    return Err(self.unexpected(index, "cancelling the bootstrap", &reply));
+                }
+                // A host that cannot be asked and never got the key holds nothing of it.
+                Err(SshFailure::NotConnected(_) | SshFailure::HostKey(_)) if !sent => {}
+                Err(failure) => {
+                    return Err(self.failure(host, "cancelling the bootstrap", failure));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn destroy_node(&self, key: &AttemptKey, lease: &LeaseHandle) -> Result<(), PluginError> {
+        let Some(index) = self.host_of(key, lease)? else {
+            // Not a lease this plugin issued for the key: nothing of it exists.
+            return Ok(());
+        };
+        let path = claim_path(key)?;
+        let host = &self.config.hosts[index];
+        let fault = self.take_fault(FaultStep::Release);
+        let port = (fault == Some(FaultMode::Refused)).then_some(REFUSED_PORT);
+        let reply = self
+            .call(index, port, &script::release(&path))
+            .await
+            .map_err(|failure| self.failure(host, "destroying the node", failure))?;
+        match reply.verdict() {
+            "DESTROYED" | "ABSENT" if fault == Some(FaultMode::ReplyLost) => {
+                Err(PluginError::ambiguous(format!(
+                    "destroying {key} on host {:?}: the reply was lost (injected fault)",
+                    host.name
+                )))
+            }
+            "DESTROYED" | "ABSENT" => {
+                if let Some(hosts) = lock(&self.sent).get_mut(key) {
+                    hosts.remove(&index);
+                }
+                Ok(())
+            }
+            _ => Err(self.unexpected(index, "destroying the node", &reply)),
+        }
+    }
+
+    async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
+        if !is_safe_name(run.as_str()) {
+            return Ok(Vec::new());
+        }
+        let body = script::list(run.as_str());
+        let replies =
+            join_all((0..self.config.hosts.len()).map(|i| self.call(i, None, &body))).await;
+        let mut nodes = Vec::new();
+        for (index, reply) in replies.into_iter().enumerate() {
+            let host = &self.config.hosts[index];
+            let reply = reply.map_err(|failure| self.failure(host, "listing claims", failure))?;
+            if reply.verdict() != "END" {
+                return Err(self.unexpected(index, "listing claims", &reply));
+            }
+            for line in reply.stdout.lines() {
+                let Some(claim) = line.strip_prefix("CLAIM ") else {
+                    continue;
+                };
+                let parsed = claim.split_once('/').and_then(|(node, attempt)| {
+                    let node = LogicalNodeId::parse(node).ok()?;
+                    let attempt = attempt.strip_prefix('a')?.parse::<u64>().ok()?;
+                    Some((node, NodeAttemptId::from_raw(attempt)))
+                });
+                let Some((node, attempt)) = parsed else {
+                    tracing::warn!(host = %host.name, claim, "ignoring a claim directory that names no attempt");
+                    continue;
+                };
+                let key = AttemptKey {
+                    run_id: run.clone(),
+                    node,
+                    attempt,
+                };
+                let path = claim_path(&key)?;
+                nodes.push(ListedNode {
+                    lease: self.lease_of(index, &path),
+                    key,
+                });
+            }
+        }
+        nodes.sort();
+        nodes.dedup();
+        Ok(nodes)
+    }
+}
