@@ -1,0 +1,33 @@
+#!/bin/sh
+# Installs the system packages the test suites need (Debian, as root).
+# Idempotent and quiet: packages already present are not touched.
+#
+#   provisioning-ssh tests: openssh-server (/usr/sbin/sshd), openssh-client
+#   (ssh, ssh-keygen), util-linux (flock, setsid on the test hosts) and
+#   iproute2 (network namespaces for the testbed).
+set -eu
+
+packages="openssh-server openssh-client util-linux iproute2"
+
+missing=""
+for package in $packages; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $package"
+    fi
+done
+
+if [ -z "$missing" ]; then
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "test-deps.sh: missing packages:$missing; run this script as root" >&2
+    exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends $missing >/dev/null
+# The package may start a system sshd; the tests run their own and need none.
+echo "test-deps.sh: installed$missing"
