@@ -9,17 +9,19 @@
 //! to an [`OperationSink`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::decide::{NodeAction, NodeDecision, Wake, for_each_slot, reconcile_node};
+use crate::decide::{NodeAction, NodeDecision, Rule, Wake, for_each_slot, reconcile_node};
 use crate::durable::{
     ChangeSet, DURABLE_FORMAT, DurableEntry, DurableMeta, DurableNode, DurableState, RecoveryError,
     RecoveryReport, Shift,
 };
 use crate::effect::{EffectError, EffectKind, EffectRequest, ExecutorResult, Operation};
-use crate::id::AttemptAllocator;
+use crate::id::{AttemptAllocator, GroupId};
 use crate::id::{Generation, IdError, LogicalNodeId, NodeAttemptId, OperationId, RunId};
+use crate::limits::{BreakerStatus, LimitCounters, Limits};
 use crate::observe::{
     BootstrapRejection, FoldContext, Observation, fold_bootstrap, fold_loss, fold_operation,
 };
@@ -336,6 +338,26 @@ struct ChangeTracker {
     meta: bool,
 }
 
+/// What the limits keep between passes.
+#[derive(Debug, Default)]
+struct LimitState {
+    /// `CreateLease` operations pending, per provider kind.
+    creates_in_flight: BTreeMap<String, u32>,
+    /// Nodes whose create waits for a launch slot, per provider, in slot order.
+    held_by_cap: BTreeMap<String, BTreeSet<LogicalNodeId>>,
+    /// Drifted ready nodes whose replacement waits for the rollout budget.
+    held_by_budget: BTreeMap<GroupId, BTreeSet<LogicalNodeId>>,
+    breakers: BTreeMap<GroupId, BreakerStatus>,
+    counters: LimitCounters,
+}
+
+/// Pass-local bookkeeping of the rollout budgets: each group's unavailable
+/// count, computed the first time the pass needs it.
+#[derive(Default)]
+struct PassBudget {
+    unavailable: BTreeMap<GroupId, u32>,
+}
+
 /// The sole writer of [`ClusterState`]: folds observations, runs passes and
 /// records operations pending before dispatch.
 #[derive(Debug)]
@@ -350,6 +372,8 @@ pub struct ClusterDriver {
     inserted: BTreeMap<LogicalNodeId, ManagedNode>,
     /// `Some` once [`ClusterDriver::track_changes`] was called.
     changes: Option<ChangeTracker>,
+    limits: Limits,
+    limit_state: LimitState,
 }
 
 impl ClusterDriver {
@@ -378,7 +402,22 @@ impl ClusterDriver {
             counters: DriverCounters::default(),
             inserted: BTreeMap::new(),
             changes: None,
+            limits: Limits::default(),
+            limit_state: LimitState::default(),
         };
+        for node in driver.state.nodes.values() {
+            if node
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.kind == EffectKind::CreateLease)
+            {
+                *driver
+                    .limit_state
+                    .creates_in_flight
+                    .entry(node.spec.template().provider.clone())
+                    .or_default() += 1;
+            }
+        }
         let deadlines: Vec<_> = driver
             .state
             .nodes
@@ -456,7 +495,12 @@ impl ClusterDriver {
         }
         let mut desired = shape.validate()?;
         desired.share_templates_with(&self.desired);
-        let changed = !self.desired.changed_groups(&desired).is_empty();
+        let changed_groups = self.desired.changed_groups(&desired);
+        let changed = !changed_groups.is_empty();
+        for group in &changed_groups {
+            // A shape change of a group closes its breaker at once.
+            self.limit_state.breakers.remove(group);
+        }
         self.desired = desired;
         self.meta_changed();
         if changed {
@@ -715,9 +759,229 @@ impl ClusterDriver {
         self.schedule
             .deadlines
             .remove(&(pending.deadline, node_id.clone()));
+        let before = (node.record.stage == NodeStage::Failed, node.is_ready());
+        if pending.kind == EffectKind::CreateLease {
+            self.create_finished(&next.spec.template().provider.clone());
+        }
+        self.limit_events(node_id, before, &next, now);
         self.state.nodes.insert(node_id.clone(), next);
         self.touch(node_id);
         Ok(())
+    }
+
+    /// A create of `provider` is no longer pending: its launch slot goes to
+    /// the first node that waits for one.
+    fn create_finished(&mut self, provider: &str) {
+        let limits = &mut self.limit_state;
+        if let Some(n) = limits.creates_in_flight.get_mut(provider) {
+            *n = n.saturating_sub(1);
+        }
+        let next = limits
+            .held_by_cap
+            .get_mut(provider)
+            .and_then(BTreeSet::pop_first);
+        if let Some(id) = next {
+            self.touch(&id);
+        }
+    }
+
+    /// What a fold means for the limits: a failed attempt counts towards its
+    /// group's breaker; a node that became ready closes it and frees rollout
+    /// budget for the drifted nodes that wait.
+    fn limit_events(
+        &mut self,
+        id: &LogicalNodeId,
+        (was_failed, was_ready): (bool, bool),
+        after: &ManagedNode,
+        now: Timestamp,
+    ) {
+        let group = id.group();
+        if !was_failed && after.record.stage == NodeStage::Failed {
+            let policy = self.limits.breakers.get(group).copied();
+            let breaker = self.limit_state.breakers.entry(group.clone()).or_default();
+            breaker.consecutive_failures = breaker.consecutive_failures.saturating_add(1);
+            breaker.last_error.clone_from(&after.retry.last_error);
+            let trips = policy.is_some_and(|p| breaker.consecutive_failures >= p.failures);
+            if trips && (!breaker.is_open() || breaker.probing) {
+                breaker.opened_at = Some(now);
+                breaker.probing = false;
+                self.limit_state.counters.breakers_opened += 1;
+            }
+        }
+        if !was_ready && after.is_ready() {
+            self.limit_state.breakers.remove(group);
+            let allowed = self.budget_allowance(group);
+            for _ in 0..allowed {
+                let next = self
+                    .limit_state
+                    .held_by_budget
+                    .get_mut(group)
+                    .and_then(BTreeSet::pop_first);
+                match next {
+                    Some(held) => self.touch(&held),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    fn budget_allowance(&self, group: &GroupId) -> u32 {
+        let desired = self.desired.groups().get(group).map_or(0, |g| g.count());
+        self.limits
+            .max_unavailable
+            .get(group)
+            .map_or(0, |budget| budget.of(desired))
+    }
+
+    /// Desired slots of `group` without a ready node (of any spec: a node
+    /// that still runs the old spec serves until it is replaced).
+    fn unavailable(&self, group: &GroupId) -> u32 {
+        let Some(desired) = self.desired.groups().get(group) else {
+            return 0;
+        };
+        let range = LogicalNodeId::new(group.clone(), 0)
+            ..=LogicalNodeId::new(group.clone(), desired.count().saturating_sub(1));
+        let ready = if desired.count() == 0 {
+            0
+        } else {
+            self.state
+                .nodes
+                .range(range)
+                .filter(|(_, n)| n.is_ready())
+                .count()
+        };
+        desired
+            .count()
+            .saturating_sub(u32::try_from(ready).unwrap_or(u32::MAX))
+    }
+
+    /// Applies the limits to one decision of a pass: `None` lets it through,
+    /// `Some(wake)` holds the node back (it waits, until `wake` if given).
+    fn gate(
+        &mut self,
+        id: &LogicalNodeId,
+        decision: &NodeDecision,
+        now: Timestamp,
+        budget: &mut PassBudget,
+    ) -> Option<Option<Timestamp>> {
+        let group = id.group();
+        match decision.action {
+            // Only a first create of an active node waits for a launch slot:
+            // the re-issue of an ambiguous create on a node being torn down
+            // is cleanup, never held back.
+            NodeAction::Dispatch(EffectKind::CreateLease) if decision.rule == Rule::CreateLease => {
+                let node = self.state.nodes.get(id)?;
+                let provider = &node.spec.template().provider;
+                let cap = *self.limits.max_concurrent_creates.get(provider)?;
+                let in_flight = self
+                    .limit_state
+                    .creates_in_flight
+                    .get(provider)
+                    .copied()
+                    .unwrap_or(0);
+                if in_flight < cap {
+                    return None;
+                }
+                self.limit_state
+                    .held_by_cap
+                    .entry(provider.clone())
+                    .or_default()
+                    .insert(id.clone());
+                self.limit_state.counters.held_by_cap += 1;
+                Some(None)
+            }
+            NodeAction::BeginDelete => {
+                let node = self.state.nodes.get(id)?;
+                let desired = self.desired.groups().get(group)?;
+                let drifted_only = node.is_ready()
+                    && id.index() < desired.count()
+                    && !Arc::ptr_eq(node.spec.shared_template(), desired.template())
+                    && *node.spec.template() != **desired.template();
+                if !drifted_only || !self.limits.max_unavailable.contains_key(group) {
+                    return None;
+                }
+                let allowed = self.budget_allowance(group);
+                let unavailable = match budget.unavailable.get(group) {
+                    Some(n) => *n,
+                    None => self.unavailable(group),
+                };
+                if unavailable < allowed {
+                    budget.unavailable.insert(group.clone(), unavailable + 1);
+                    return None;
+                }
+                budget.unavailable.insert(group.clone(), unavailable);
+                self.limit_state
+                    .held_by_budget
+                    .entry(group.clone())
+                    .or_default()
+                    .insert(id.clone());
+                self.limit_state.counters.held_by_budget += 1;
+                Some(None)
+            }
+            NodeAction::Insert | NodeAction::Restart => {
+                let policy = *self.limits.breakers.get(group)?;
+                let breaker = self.limit_state.breakers.get_mut(group)?;
+                let opened_at = breaker.opened_at?;
+                let probe_at = opened_at.saturating_add(policy.cooldown);
+                if now.reached(probe_at) && !breaker.probing {
+                    breaker.probing = true;
+                    self.limit_state.counters.breaker_probes += 1;
+                    return None;
+                }
+                self.limit_state.counters.held_by_breaker += 1;
+                let wake = if now.reached(probe_at) {
+                    now.saturating_add(policy.cooldown)
+                } else {
+                    probe_at
+                };
+                Some(Some(wake).filter(|at| *at > now))
+            }
+            _ => None,
+        }
+    }
+
+    /// Sets the limits the driver applies from the next pass on (a full
+    /// pass is queued, so nodes they held back are looked at again).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+        self.trigger();
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The breaker of `group`, when it counted a failure since it was last
+    /// closed.
+    pub fn breaker(&self, group: &GroupId) -> Option<&BreakerStatus> {
+        self.limit_state.breakers.get(group)
+    }
+
+    /// Closes the breaker of `group` at once (`provision resume GROUP`).
+    /// Returns whether it was open.
+    pub fn reset_breaker(&mut self, group: &GroupId) -> bool {
+        let was_open = self
+            .limit_state
+            .breakers
+            .remove(group)
+            .is_some_and(|b| b.is_open());
+        self.trigger();
+        was_open
+    }
+
+    /// What the limits held back so far.
+    pub fn limit_counters(&self) -> &LimitCounters {
+        &self.limit_state.counters
+    }
+
+    /// `CreateLease` operations pending for `provider`.
+    pub fn creates_in_flight(&self, provider: &str) -> u32 {
+        self.limit_state
+            .creates_in_flight
+            .get(provider)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Folds an asynchronous fact about an attempt.
@@ -756,6 +1020,8 @@ impl ClusterDriver {
             Observation::NodeLost { cause, .. } => fold_loss(&mut next, *cause, &ctx)?,
         }
         if next != *node {
+            let before = (node.record.stage == NodeStage::Failed, node.is_ready());
+            self.limit_events(node_id, before, &next, now);
             self.state.nodes.insert(node_id.clone(), next);
             self.touch(node_id);
         }
@@ -845,9 +1111,19 @@ impl ClusterDriver {
         if plan.full {
             self.schedule.timer_of.clear();
             self.schedule.timers.clear();
+            // Every held node is looked at again by this pass.
+            self.limit_state.held_by_cap.clear();
+            self.limit_state.held_by_budget.clear();
         }
         let mut errors = Vec::new();
-        for (id, decision) in plan.decisions {
+        let mut budget = PassBudget::default();
+        for (id, mut decision) in plan.decisions {
+            if decision.action != NodeAction::None {
+                if let Some(wake) = self.gate(&id, &decision, now, &mut budget) {
+                    decision.action = NodeAction::None;
+                    decision.wake = wake.map(Wake::Timer);
+                }
+            }
             let timer = match decision.wake {
                 Some(Wake::Timer(at)) => Some(at),
                 _ => None,
@@ -999,6 +1275,17 @@ impl ClusterDriver {
         node.pending = Some(pending.clone());
         if kind == EffectKind::CreateLease && node.record.stage == NodeStage::New {
             node.record.stage = NodeStage::LeaseRequested;
+        }
+        if kind == EffectKind::CreateLease {
+            let provider = &node.spec.template().provider;
+            match self.limit_state.creates_in_flight.get_mut(provider) {
+                Some(n) => *n += 1,
+                None => {
+                    self.limit_state
+                        .creates_in_flight
+                        .insert(provider.clone(), 1);
+                }
+            }
         }
         let operation = Operation {
             id: op,

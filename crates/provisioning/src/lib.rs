@@ -97,6 +97,7 @@ pub mod durable;
 pub mod effect;
 pub mod executor;
 pub mod id;
+pub mod limits;
 pub mod observe;
 pub mod policy;
 pub mod shape;
@@ -122,6 +123,7 @@ pub use id::{
     AttemptAllocator, Generation, GroupId, IdError, LogicalNodeId, NodeAttemptId, OperationId,
     OperationSequence, RunId,
 };
+pub use limits::{BreakerPolicy, BreakerStatus, LimitCounters, Limits, MaxUnavailable};
 pub use observe::{BootstrapEvent, BootstrapRejection, LossCause, Observation};
 pub use policy::RetryPolicy;
 pub use shape::{

@@ -1,0 +1,99 @@
+//! Operator safety limits (SPEC §15): launch caps, rollout budgets and
+//! circuit breakers, as inputs of the pass.
+//!
+//! The decider stays as it is — a pure function of one node. The driver
+//! applies [`Limits`] to the decider's answers in slot order while it applies
+//! a pass: a create beyond its provider's cap, a drift replacement beyond its
+//! group's budget, or a new attempt of a group whose breaker is open is held
+//! back (the node waits) instead of dispatched. No limit reads a clock: the
+//! breaker's cool-down is a stored instant compared with the pass's `now`.
+//!
+//! None of them holds back cleanup: scale-down, failed and lost nodes are
+//! torn down at once, whatever the limits.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::id::GroupId;
+use crate::time::Timestamp;
+
+/// How many of a group's desired nodes a drift replacement may leave
+/// unavailable at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxUnavailable {
+    /// A number of nodes; at least one is always allowed, or a rollout could
+    /// never start (replacement here is delete-then-create, with no surge).
+    Count(u32),
+    /// A percentage of the group's desired count, rounded down, at least one.
+    Percent(u32),
+}
+
+impl MaxUnavailable {
+    /// The number of nodes this allows for a group of `desired` nodes.
+    pub fn of(self, desired: u32) -> u32 {
+        let n = match self {
+            MaxUnavailable::Count(n) => n,
+            MaxUnavailable::Percent(p) => {
+                u32::try_from(u64::from(desired) * u64::from(p.min(100)) / 100).unwrap_or(u32::MAX)
+            }
+        };
+        n.max(1)
+    }
+}
+
+/// When a group's breaker opens and how long it stays open before a probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakerPolicy {
+    /// Consecutive attempt failures of the group that open the breaker.
+    pub failures: u32,
+    /// How long an open breaker waits before it lets one probe attempt start.
+    pub cooldown: Duration,
+}
+
+/// The limits a driver applies while it applies a pass. The default limits
+/// nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Creates in flight at once, per provider kind.
+    pub max_concurrent_creates: BTreeMap<String, u32>,
+    /// The rollout budget of each group (groups not named are not limited).
+    pub max_unavailable: BTreeMap<GroupId, MaxUnavailable>,
+    /// The breaker of each group (groups not named have none).
+    pub breakers: BTreeMap<GroupId, BreakerPolicy>,
+}
+
+/// What a group's breaker looks like now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BreakerStatus {
+    /// Consecutive attempt failures since the group last had a node become
+    /// ready (or since its breaker was closed by hand or by a shape change).
+    pub consecutive_failures: u32,
+    /// When the breaker opened; `None` while it is closed.
+    pub opened_at: Option<Timestamp>,
+    /// Whether a probe attempt is under way.
+    pub probing: bool,
+    /// The last failure's reason.
+    pub last_error: Option<String>,
+}
+
+impl BreakerStatus {
+    /// Whether the breaker is open (new attempts wait for the cool-down).
+    pub fn is_open(&self) -> bool {
+        self.opened_at.is_some()
+    }
+}
+
+/// Counts of what limits held back, for operators and the kit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LimitCounters {
+    /// Creates held back by a launch cap.
+    pub held_by_cap: u64,
+    /// Drift replacements held back by a rollout budget.
+    pub held_by_budget: u64,
+    /// New attempts held back by an open breaker.
+    pub held_by_breaker: u64,
+    /// Breakers opened.
+    pub breakers_opened: u64,
+    /// Probe attempts let through by a breaker.
+    pub breaker_probes: u64,
+}
