@@ -5,6 +5,7 @@
 //! file offline. See the README for a quick start and `shape_file` for the
 //! file format.
 
+mod conformance;
 mod control;
 mod display;
 mod local;
@@ -107,6 +108,18 @@ enum Command {
         /// The shape file (TOML).
         file: PathBuf,
     },
+    /// Runs the seam contract suite against a provider program that speaks
+    /// the plugin protocol (docs/plugin-protocol.md); exits 0 only when no
+    /// contract failed.
+    Conformance {
+        /// The program and its arguments, split at whitespace
+        /// (for example "python3 provider.py").
+        #[arg(long, value_name = "CMD")]
+        plugin: String,
+        /// Also writes the report as JUnit XML to FILE.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+    },
     /// Runs a node agent (started by the local-process provider).
     #[command(hide = true, disable_help_flag = true)]
     Agent {
@@ -191,6 +204,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(down(&location, &state, run, Duration::from_secs(timeout)))
         }
         Command::Validate { file } => Ok(validate(&file)),
+        Command::Conformance { plugin, junit } => {
+            runtime()?.block_on(conformance::run(&plugin, junit.as_deref()))
+        }
         Command::Agent { args } => Ok(local::agent_main(args)),
     }
 }

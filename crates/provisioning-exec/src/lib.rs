@@ -135,13 +135,14 @@ impl ExecConfig {
         self
     }
 
-    /// The program's name for logs: the last part of its path.
+    /// The program's name for logs: the last part of its path, and of its
+    /// first argument when it has one (`python3 provider.py`).
     fn name(&self) -> String {
-        self.command
-            .rsplit('/')
-            .next()
-            .unwrap_or(&self.command)
-            .to_owned()
+        let base = |path: &str| path.rsplit('/').next().unwrap_or(path).to_owned();
+        match self.args.first() {
+            Some(first) => format!("{} {}", base(&self.command), base(first)),
+            None => base(&self.command),
+        }
     }
 }
 
@@ -623,10 +624,15 @@ async fn read_lines(mut stdout: impl AsyncRead + Unpin, shared: Arc<Shared>, own
     if let Some(last) = splitter.finish() {
         handle_line(&shared, last);
     }
-    tracing::warn!(program = %shared.name, "provider program is gone: {why}");
+    let owned = owner.strong_count() > 0;
+    if owned {
+        tracing::warn!(program = %shared.name, "provider program is gone: {why}");
+    } else {
+        tracing::debug!(program = %shared.name, "provider program stopped with its plugin: {why}");
+    }
     shared.die(&why);
     // Restart it (after the backoff) unless the plugin is gone.
-    if shared.established.load(Ordering::SeqCst) && owner.strong_count() > 0 {
+    if owned && shared.established.load(Ordering::SeqCst) {
         tokio::spawn(async move {
             if let Some(inner) = owner.upgrade() {
                 if inner.live().is_none() {
