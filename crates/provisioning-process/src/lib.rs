@@ -27,6 +27,7 @@ pub mod credential;
 mod node;
 pub mod os;
 mod plugin;
+mod scan;
 mod session;
 mod spawner;
 mod state;

@@ -12,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdout};
 use tokio::sync::watch;
 
-use crate::os::{self, TaggedProcess};
+use crate::os;
 use crate::state::{Life, SessionState, Shared};
 use crate::wire::{self, AgentAnnouncement};
 
@@ -42,7 +42,7 @@ pub(crate) async fn watch_process(
     // ends every process it started (destroy, shutdown, drop) unless they
     // are detached, which is meant to outlive the plugin.
     let status = child.wait().await;
-    on_exit(&shared, &key, instance, &exited, &format!("{status:?}"));
+    on_exit(&shared, &key, instance, &exited, &format!("{status:?}")).await;
 }
 
 /// How often the exit of an adopted agent (not this process's child, so
@@ -61,7 +61,12 @@ pub(crate) async fn watch_adopted(
     let mut closing = shared.shutdown.subscribe();
     // Bounded by the agent's life and by the plugin's.
     loop {
-        if os::tagged_process(pid, &key).is_none() {
+        let probe = key.clone();
+        // Two small reads, but off the runtime like every `/proc` read.
+        let alive = tokio::task::spawn_blocking(move || os::tagged_process(pid, &probe).is_some())
+            .await
+            .unwrap_or(false);
+        if !alive {
             break;
         }
         tokio::select! {
@@ -69,11 +74,11 @@ pub(crate) async fn watch_adopted(
             () = tokio::time::sleep(ADOPTED_POLL_INTERVAL) => {}
         }
     }
-    on_exit(&shared, &key, instance, &exited, "gone from /proc");
+    on_exit(&shared, &key, instance, &exited, "gone from /proc").await;
 }
 
 /// Records the exit of instance `instance` of `key`'s agent.
-fn on_exit(
+async fn on_exit(
     shared: &Arc<Shared>,
     key: &AttemptKey,
     instance: u64,
@@ -96,7 +101,7 @@ fn on_exit(
         tracing::warn!(node = %key, %status, "node agent exited unexpectedly");
         // The group leader is reaped, so its id may be reused: find what is
         // left of the group by its tags instead of signalling the id.
-        if let Ok(left) = os::group_processes(&key.run_id, group) {
+        if let Ok(left) = shared.scanner.group(group).await {
             os::signal_processes(&left, Signal::SIGKILL);
         }
         shared.report_lost(key, LossCause::LeaseGone);
@@ -181,21 +186,21 @@ pub(crate) async fn stop_node(shared: &Arc<Shared>, key: &AttemptKey) -> Result<
             (entry.group, entry.exited.clone(), task)
         })
     }) else {
-        return kill_strays(key).await;
+        return kill_strays(shared, key).await;
     };
     if let Some(task) = session_task {
         task.abort();
     }
-    signal_group(shared, key, group, Signal::SIGTERM);
+    signal_group(shared, key, group, Signal::SIGTERM).await;
     // A stopped process only acts on SIGTERM once continued.
-    signal_group(shared, key, group, Signal::SIGCONT);
+    signal_group(shared, key, group, Signal::SIGCONT).await;
     let graceful = tokio::time::timeout(shared.stop_grace, exited.wait_for(|gone| *gone))
         .await
         .is_ok_and(|result| result.is_ok());
     if !graceful {
         tracing::debug!(node = %key, "grace over; killing the node group");
     }
-    signal_group(shared, key, group, Signal::SIGKILL);
+    signal_group(shared, key, group, Signal::SIGKILL).await;
     if tokio::time::timeout(EXIT_AFTER_KILL_WAIT_MAX, exited.wait_for(|gone| *gone))
         .await
         .is_err()
@@ -204,7 +209,7 @@ pub(crate) async fn stop_node(shared: &Arc<Shared>, key: &AttemptKey) -> Result<
             "the node agent of {key} did not exit after SIGKILL"
         )));
     }
-    wait_group_gone(key, group).await?;
+    wait_group_gone(shared, key, group).await?;
     let mut table = shared.table();
     if table.get(key).is_some_and(|entry| entry.group == group) {
         table.remove(key);
@@ -214,8 +219,9 @@ pub(crate) async fn stop_node(shared: &Arc<Shared>, key: &AttemptKey) -> Result<
 
 /// Signals the group of `key`'s agent. While the agent is unreaped its pid
 /// cannot be reused, so the group id is safe to signal; after that, only
-/// processes carrying the node's tags are signalled.
-fn signal_group(shared: &Shared, key: &AttemptKey, group: i32, signal: Signal) {
+/// processes carrying the node's tags are signalled — found in a shared
+/// scan, and only when the kernel says the group still has members.
+async fn signal_group(shared: &Shared, key: &AttemptKey, group: i32, signal: Signal) {
     // An adopted agent is not this process's child: its pid may be reused
     // the moment it exits, so it is only ever signalled by its tags.
     let by_tags = shared
@@ -223,7 +229,7 @@ fn signal_group(shared: &Shared, key: &AttemptKey, group: i32, signal: Signal) {
         .get(key)
         .is_none_or(|entry| entry.life == Life::Exited || entry.adopted);
     if by_tags {
-        if let Ok(left) = os::group_processes(&key.run_id, group) {
+        if let Ok(left) = shared.scanner.group(group).await {
             os::signal_processes(&left, signal);
         }
     } else if let Err(error) = killpg(Pid::from_raw(group), signal) {
@@ -231,17 +237,30 @@ fn signal_group(shared: &Shared, key: &AttemptKey, group: i32, signal: Signal) {
     }
 }
 
-/// Kills what `left` finds, again and again, until it finds nothing or the
-/// bound passes.
+/// Where [`kill_until_gone`] looks for what is left.
+enum Left<'a> {
+    /// The process group of an agent.
+    Group(i32),
+    /// Every process tagged with the key.
+    Node(&'a AttemptKey),
+}
+
+/// Kills what is left, again and again, until nothing is or the bound
+/// passes. Every look is a shared scan (see [`crate::scan`]); a group the
+/// kernel says is empty needs none.
 async fn kill_until_gone(
+    shared: &Shared,
     key: &AttemptKey,
     what: &str,
-    left: impl Fn() -> Result<Vec<TaggedProcess>, os::OsError>,
+    left: Left<'_>,
 ) -> Result<(), PluginError> {
     let deadline = tokio::time::Instant::now() + GROUP_GONE_WAIT_MAX;
     loop {
-        let alive = left()
-            .map_err(|error| PluginError::ambiguous(format!("cannot check processes: {error}")))?;
+        let alive = match left {
+            Left::Group(group) => shared.scanner.group(group).await,
+            Left::Node(node) => shared.scanner.processes(|p| p.belongs_to(node)).await,
+        }
+        .map_err(|error| PluginError::ambiguous(format!("cannot check processes: {error}")))?;
         if alive.is_empty() {
             return Ok(());
         }
@@ -256,20 +275,20 @@ async fn kill_until_gone(
     }
 }
 
-async fn wait_group_gone(key: &AttemptKey, group: i32) -> Result<(), PluginError> {
-    kill_until_gone(key, "process(es)", || {
-        os::group_processes(&key.run_id, group)
-    })
-    .await
+async fn wait_group_gone(shared: &Shared, key: &AttemptKey, group: i32) -> Result<(), PluginError> {
+    kill_until_gone(shared, key, "process(es)", Left::Group(group)).await
 }
 
 /// Kills processes of `key` the plugin does not know (for example left by a
 /// previous controller that died before its agents noticed).
-async fn kill_strays(key: &AttemptKey) -> Result<(), PluginError> {
-    let strays = os::node_processes(key)
+async fn kill_strays(shared: &Shared, key: &AttemptKey) -> Result<(), PluginError> {
+    let strays = shared
+        .scanner
+        .processes(|p| p.belongs_to(key))
+        .await
         .map_err(|error| PluginError::ambiguous(format!("cannot check processes: {error}")))?;
     if !strays.is_empty() {
         tracing::warn!(node = %key, count = strays.len(), "killing stray processes of an unknown node");
     }
-    kill_until_gone(key, "stray process(es)", || os::node_processes(key)).await
+    kill_until_gone(shared, key, "stray process(es)", Left::Node(key)).await
 }

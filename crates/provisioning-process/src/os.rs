@@ -159,9 +159,19 @@ fn is_dead(state: char) -> bool {
 /// A process that exits during the scan is skipped; a process whose
 /// environment cannot be read (another user's) is not counted.
 ///
+/// This reads every process's environment: O(processes on the machine).
+/// Callers that serve many nodes share one scan (the plugin's scanner) and
+/// run it off the async runtime.
+///
 /// # Errors
 /// [`OsError::ProcUnavailable`] when `/proc` cannot be listed.
 pub fn run_processes(run: &RunId) -> Result<Vec<TaggedProcess>, OsError> {
+    scan(run, |_| true)
+}
+
+/// The live processes of `run` whose `stat` passes `wanted`: `stat` is read
+/// first (cheap), the environment only of the processes it lets through.
+fn scan(run: &RunId, wanted: impl Fn(&Stat) -> bool) -> Result<Vec<TaggedProcess>, OsError> {
     let entries = fs::read_dir("/proc").map_err(OsError::ProcUnavailable)?;
     let mut found = Vec::new();
     for entry in entries.take(PROC_SCAN_ENTRIES_MAX).flatten() {
@@ -173,16 +183,16 @@ pub fn run_processes(run: &RunId) -> Result<Vec<TaggedProcess>, OsError> {
             continue;
         };
         let dir = entry.path();
+        let Some(stat) = read_stat(&dir) else {
+            continue;
+        };
+        if is_dead(stat.state) || !wanted(&stat) {
+            continue;
+        }
         let Some(tags) = read_tags(&dir) else {
             continue;
         };
         if tags.run.as_deref() != Some(run.as_str().as_bytes()) {
-            continue;
-        }
-        let Some(stat) = read_stat(&dir) else {
-            continue;
-        };
-        if is_dead(stat.state) {
             continue;
         }
         found.push(TaggedProcess {
@@ -228,10 +238,104 @@ pub fn agents(run: &RunId) -> Result<Vec<TaggedProcess>, OsError> {
 /// # Errors
 /// As [`run_processes`].
 pub fn group_processes(run: &RunId, group: i32) -> Result<Vec<TaggedProcess>, OsError> {
-    Ok(run_processes(run)?
-        .into_iter()
-        .filter(|process| process.process_group == group)
-        .collect())
+    if group <= 1 || !group_exists(group) {
+        return Ok(Vec::new());
+    }
+    // Only the group's members have their environment read.
+    scan(run, |stat| stat.process_group == group)
+}
+
+/// Whether any process (a zombie too) is in process group `group`, asked of
+/// the kernel with signal 0: no `/proc` scan. `false` is definite (nothing
+/// of the group is left to find or signal); `true` may be a zombie or, once
+/// the group emptied and its id was reused, another group.
+pub fn group_exists(group: i32) -> bool {
+    group > 1 && killpg(Pid::from_raw(group), None) != Err(Errno::ESRCH)
+}
+
+/// The most processes [`live_descendants`] visits.
+const DESCENDANTS_MAX: usize = 64 * 1024;
+
+/// The live (non-zombie) descendants of `pid` — children, their children, and
+/// so on — from `/proc/PID/task/TID/children`: O(descendants), no scan of
+/// every process. A descendant whose parent died was re-parented away and
+/// is not found. Sorted by pid.
+///
+/// # Errors
+/// The I/O error when `pid`'s own task list or `children` file cannot be
+/// read (the kernel may lack `CONFIG_PROC_CHILDREN`); callers fall back to
+/// a scan.
+pub fn live_descendants(pid: i32) -> io::Result<Vec<Descendant>> {
+    let mut found = Vec::new();
+    let mut queue = vec![pid];
+    let mut first = true;
+    while let Some(parent) = queue.pop() {
+        let children = match children_of(parent) {
+            Ok(children) => children,
+            Err(error) if first => return Err(error),
+            // A descendant that exited meanwhile has no children to list.
+            Err(_) => continue,
+        };
+        first = false;
+        for child in children {
+            if found.len() >= DESCENDANTS_MAX {
+                break;
+            }
+            let dir = Path::new("/proc").join(child.to_string());
+            let Some(stat) = read_stat(&dir) else {
+                continue;
+            };
+            if is_dead(stat.state) {
+                continue;
+            }
+            found.push(Descendant {
+                pid: child,
+                process_group: stat.process_group,
+            });
+            queue.push(child);
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// One live process found by [`live_descendants`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Descendant {
+    /// Its process id.
+    pub pid: i32,
+    /// Its process group.
+    pub process_group: i32,
+}
+
+/// The children of every thread of `pid`.
+fn children_of(pid: i32) -> io::Result<Vec<i32>> {
+    let tasks = Path::new("/proc").join(pid.to_string()).join("task");
+    let mut children = Vec::new();
+    let mut read_any = false;
+    for task in fs::read_dir(&tasks)?.flatten() {
+        match fs::read_to_string(task.path().join("children")) {
+            Ok(text) => {
+                read_any = true;
+                children.extend(
+                    text.split_ascii_whitespace()
+                        .filter_map(|child| child.parse::<i32>().ok()),
+                );
+            }
+            // A thread that ended meanwhile.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
+    }
+    if !read_any {
+        // No thread has a `children` file: the kernel does not offer it
+        // (or the process is gone), so nothing can be concluded.
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no readable {}/*/children", tasks.display()),
+        ));
+    }
+    Ok(children)
 }
 
 /// The live process `pid`, when it carries `key`'s tags (so a reused pid is

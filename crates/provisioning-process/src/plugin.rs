@@ -505,16 +505,24 @@ impl ProcessPlugin {
 
     /// In detached mode, adopts the live agent of `key` from `/proc` when
     /// the plugin does not know the key yet. Returns whether it knows it now.
-    fn ensure_adopted(&self, key: &AttemptKey) -> bool {
+    ///
+    /// The search is a shared scan of `/proc`, off the runtime: one scan
+    /// serves every call that waits for one (a resumed controller's first
+    /// calls for a whole fleet of unknown keys).
+    async fn ensure_adopted(&self, key: &AttemptKey) -> bool {
         if self.shared.table().contains_key(key) {
             return true;
         }
         if !self.shared.detached() || self.shared.is_closing() {
             return false;
         }
-        let agent = os::node_processes(key)
+        let agent = self
+            .shared
+            .scanner
+            .processes(|p| p.is_group_leader() && p.belongs_to(key))
+            .await
             .ok()
-            .and_then(|found| found.into_iter().find(os::TaggedProcess::is_group_leader));
+            .and_then(|found| found.into_iter().next());
         match agent {
             Some(agent) => {
                 self.adopt(key, agent.pid);
@@ -742,7 +750,7 @@ impl ProvisionPlugin for ProcessPlugin {
         let _one_create_at_a_time = self.create_lock.lock().await;
         // Shutdown may have begun while this call waited for the lock.
         self.check_run(key)?;
-        self.ensure_adopted(key);
+        self.ensure_adopted(key).await;
         let dead = {
             let table = self.shared.table();
             match table.get(key) {
@@ -770,7 +778,7 @@ impl ProvisionPlugin for ProcessPlugin {
         key: &AttemptKey,
         _lease: &LeaseHandle,
     ) -> Result<EndpointLookup, PluginError> {
-        self.ensure_adopted(key);
+        self.ensure_adopted(key).await;
         let unknown_endpoint_of = self.shared.table().get(key).and_then(|entry| {
             (entry.adopted && entry.endpoint.is_none() && entry.life == Life::Running)
                 .then_some(entry.group)
@@ -815,7 +823,7 @@ impl ProvisionPlugin for ProcessPlugin {
         request: &BootstrapRequest,
     ) -> Result<BootstrapSession, PluginError> {
         self.check_run(key)?;
-        self.ensure_adopted(key);
+        self.ensure_adopted(key).await;
         // Twice at most: a re-attach the agent refused (it had not booted)
         // is forgotten, and the driver's own boot order follows it.
         let mut rounds = 0;
@@ -871,7 +879,7 @@ impl ProvisionPlugin for ProcessPlugin {
         key: &AttemptKey,
         _session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
-        self.ensure_adopted(key);
+        self.ensure_adopted(key).await;
         let commands = {
             let mut table = self.shared.table();
             let session = table
@@ -907,7 +915,7 @@ impl ProvisionPlugin for ProcessPlugin {
         key: &AttemptKey,
         _session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
-        self.ensure_adopted(key);
+        self.ensure_adopted(key).await;
         let mut table = self.shared.table();
         if let Some(session) = table.get_mut(key).and_then(|entry| entry.session.as_mut())
             && !session.state.is_over()
@@ -934,7 +942,7 @@ impl ProvisionPlugin for ProcessPlugin {
         key: &AttemptKey,
         _lease: &LeaseHandle,
     ) -> Result<(), PluginError> {
-        self.ensure_adopted(key);
+        self.ensure_adopted(key).await;
         node::stop_node(&self.shared, key).await
     }
 
@@ -947,9 +955,14 @@ impl ProvisionPlugin for ProcessPlugin {
             // re-attached) here; no spawn is in flight meanwhile, so none of
             // this plugin's own agents is mistaken for one.
             let _no_create_in_flight = self.create_lock.lock().await;
-            let agents = os::agents(run).map_err(|error| {
-                PluginError::ambiguous(format!("cannot list node agents: {error}"))
-            })?;
+            let agents = self
+                .shared
+                .scanner
+                .processes(os::TaggedProcess::is_group_leader)
+                .await
+                .map_err(|error| {
+                    PluginError::ambiguous(format!("cannot list node agents: {error}"))
+                })?;
             for agent in agents {
                 let Some(key) = agent_key(run, &agent) else {
                     continue;

@@ -21,6 +21,7 @@ use tokio::task::AbortHandle;
 
 use crate::credential::RunSecret;
 use crate::plugin::{AgentCommand, AgentLifetime, ProcessPluginConfig};
+use crate::scan::ProcScanner;
 use crate::session::{Handshake, SessionCommand};
 
 /// Whether a node's agent process runs.
@@ -111,12 +112,15 @@ pub(crate) struct Shared {
     /// Flipped to `true` to stop the swarm listener and its connections.
     pub(crate) shutdown: watch::Sender<bool>,
     serials: AtomicU64,
+    /// Scans of `/proc` for the run's processes, shared by every caller.
+    pub(crate) scanner: ProcScanner,
 }
 
 impl Shared {
     pub(crate) fn new(config: ProcessPluginConfig) -> Self {
         let (shutdown, _) = watch::channel(false);
         Shared {
+            scanner: ProcScanner::new(config.run_id.clone()),
             run_id: config.run_id,
             secret: config.run_secret,
             agent: config.agent,

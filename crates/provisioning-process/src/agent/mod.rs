@@ -256,6 +256,14 @@ impl Agent {
 
     /// Terminates the node: `SIGTERM` to the group, a grace for the others
     /// to exit, then `SIGKILL` to the group, which ends the agent too.
+    ///
+    /// The grace ends early once no descendant of the agent in its group is
+    /// alive. That is read from the agent's own process tree
+    /// (`/proc/PID/task/TID/children`), not from a scan of every process on
+    /// the machine: a thousand agents stopping at once each scanning `/proc`
+    /// is quadratic. A group member that was re-parented away (its parent
+    /// died first) is not waited for, but the final `SIGKILL` of the group
+    /// reaches it all the same.
     async fn stop_node(&self) {
         if !self.leader {
             self.kill_children();
@@ -268,9 +276,13 @@ impl Agent {
         let me = getpid().as_raw();
         let deadline = tokio::time::Instant::now() + self.config.stop_grace;
         while tokio::time::Instant::now() < deadline {
-            let others = os::group_processes(&run, group.as_raw())
-                .map(|processes| processes.iter().any(|p| p.pid != me))
-                .unwrap_or(false);
+            let others = match os::live_descendants(me) {
+                Ok(found) => found.iter().any(|p| p.process_group == group.as_raw()),
+                // No `children` files on this kernel: scan the group.
+                Err(_) => os::group_processes(&run, group.as_raw())
+                    .map(|processes| processes.iter().any(|p| p.pid != me))
+                    .unwrap_or(false),
+            };
             if !others {
                 break;
             }
