@@ -865,14 +865,29 @@ impl ContractFaults for ExecPlugin {
         if !offered {
             return false;
         }
-        // The reply (`armed`) is not awaited; a refusal shows in the log.
-        connection
-            .send(
-                "inject_fault",
-                None,
-                json!({"method": method.name(), "fault": fault}),
-            )
-            .is_some()
+        // The reply is not awaited (this hook is synchronous); a refusal
+        // shows in the log when a runtime is there to watch for it.
+        let Some((_, reply)) = connection.send(
+            "inject_fault",
+            None,
+            json!({"method": method.name(), "fault": fault}),
+        ) else {
+            return false;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let name = self.inner.name.clone();
+            let what = format!("{fault} for {method}");
+            runtime.spawn(async move {
+                let armed = match reply.await {
+                    Ok(Reply::Answer(Ok(value))) => value.get("armed").and_then(Value::as_bool),
+                    _ => None,
+                };
+                if armed != Some(true) {
+                    tracing::warn!(program = %name, "inject_fault {what} was not armed");
+                }
+            });
+        }
+        true
     }
 
     fn lose_node<'a>(&'a self, key: &'a AttemptKey) -> BoxFuture<'a, bool> {
