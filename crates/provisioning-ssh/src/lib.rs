@@ -21,4 +21,4 @@ pub use config::{
     ConfigError, ConfigErrors, DEFAULT_CLAIM_ROOT, DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT, MAX_SLOTS_PER_HOST, SshHost, SshPluginConfig,
 };
-pub use plugin::{FaultMode, FaultStep, PROVIDER_KIND, SshPlugin};
+pub use plugin::{FaultMode, FaultStep, PROVIDER_KIND, SshPlugin, WatchHandle};

@@ -3,11 +3,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use provisioning::effect::SessionHandle;
-use provisioning::observe::BootstrapEvent;
+use provisioning::observe::{BootstrapEvent, LossCause};
 use provisioning::state::BootstrapProgress;
 use provisioning::{
     Endpoint, EndpointLookup, LeaseHandle, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, RunId,
@@ -79,6 +80,20 @@ pub struct SshPlugin {
     /// them that cannot be asked may hold the key's claim.
     sent: Mutex<BTreeMap<AttemptKey, BTreeSet<usize>>>,
     faults: Mutex<BTreeMap<FaultStep, FaultMode>>,
+    /// The live claims this instance created or adopted, with their host:
+    /// what [`SshPlugin::check_losses`] watches.
+    known: Mutex<BTreeMap<AttemptKey, usize>>,
+}
+
+/// The background loss watch of a plugin ([`SshPlugin::start_watch`]);
+/// dropping it stops the watch.
+#[derive(Debug)]
+pub struct WatchHandle(tokio::task::AbortHandle);
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl fmt::Debug for SshPlugin {
@@ -118,7 +133,90 @@ impl SshPlugin {
             sink: Mutex::new(None),
             sent: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(BTreeMap::new()),
+            known: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// Starts a task on the current tokio runtime that calls
+    /// [`SshPlugin::check_losses`] every `interval` until the handle is
+    /// dropped or the plugin is.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn start_watch(self: &Arc<Self>, interval: Duration) -> WatchHandle {
+        let plugin = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(plugin) = plugin.upgrade() else {
+                    return;
+                };
+                if let Err(error) = plugin.check_losses().await {
+                    tracing::debug!(%error, "loss check incomplete");
+                }
+            }
+        });
+        WatchHandle(task.abort_handle())
+    }
+
+    /// Looks on every host holding a claim this instance created or adopted
+    /// and reports each claim that is gone ([`LossCause::LeaseGone`]) through
+    /// the sink, under its own attempt. Returns how many were reported.
+    /// A host that cannot be asked reports nothing (its claims may live).
+    ///
+    /// # Errors
+    /// The first host that could not be asked; the others were still checked.
+    pub async fn check_losses(&self) -> Result<usize, PluginError> {
+        let watched = lock(&self.known).clone();
+        let hosts: BTreeSet<usize> = watched.values().copied().collect();
+        let run = self.config.run_id.clone();
+        let body = script::list(run.as_str());
+        let replies = join_all(hosts.iter().map(|&i| self.call(i, None, &body))).await;
+        let mut first_error = None;
+        let mut lost = 0;
+        for (&index, reply) in hosts.iter().zip(replies) {
+            let host = &self.config.hosts[index];
+            let reply = match reply {
+                Ok(reply) if reply.verdict() == "END" => reply,
+                Ok(reply) => {
+                    first_error.get_or_insert(self.unexpected(index, "watching claims", &reply));
+                    continue;
+                }
+                Err(failure) => {
+                    first_error.get_or_insert(self.failure(host, "watching claims", failure));
+                    continue;
+                }
+            };
+            let present: BTreeSet<&str> = reply
+                .stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("CLAIM "))
+                .collect();
+            for (key, _) in watched.iter().filter(|(_, h)| **h == index) {
+                let claim = format!("{}/{}", key.node, key.attempt);
+                if present.contains(claim.as_str()) {
+                    continue;
+                }
+                // Still watched: not destroyed through this plugin meanwhile.
+                if lock(&self.known).remove(key).is_some() {
+                    tracing::warn!(%key, host = %host.name, "the claim is gone from its host: node lost");
+                    if let Some(sink) = lock(&self.sink).as_ref() {
+                        sink.lost(key, LossCause::LeaseGone);
+                    }
+                    lost += 1;
+                }
+            }
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(lost),
+        }
+    }
+
+    fn watch(&self, key: &AttemptKey, host: usize) {
+        if key.run_id == self.config.run_id {
+            lock(&self.known).insert(key.clone(), host);
+        }
     }
 
     /// The configuration.
@@ -127,7 +225,8 @@ impl SshPlugin {
     }
 
     /// A testing hook: makes the next `step` fail the way `mode` says, with
-    /// a real refused connection or a reply really thrown away.
+    /// a real refused connection or a reply really thrown away. A claim
+    /// fault holds for every host the next creating `create_node` tries.
     pub fn arm_fault(&self, step: FaultStep, mode: FaultMode) {
         lock(&self.faults).insert(step, mode);
     }
@@ -263,6 +362,7 @@ impl ProvisionPlugin for SshPlugin {
             let host = &hosts[index];
             match probe {
                 Ok(Some(true)) => {
+                    self.watch(key, index);
                     return Ok(NodeLease {
                         lease: self.lease_of(index, &path),
                         endpoint: None,
@@ -291,9 +391,10 @@ impl ProvisionPlugin for SshPlugin {
                 notes.join("; ")
             )));
         }
+        // An armed fault holds for every claim of this call.
+        let fault = self.take_fault(FaultStep::Claim);
         for index in usable {
             let host = &hosts[index];
-            let fault = self.take_fault(FaultStep::Claim);
             let port = (fault == Some(FaultMode::Refused)).then_some(REFUSED_PORT);
             lock(&self.sent)
                 .entry(key.clone())
@@ -333,8 +434,14 @@ impl ProvisionPlugin for SshPlugin {
                         host.name
                     )));
                 }
-                "CREATED" => return Ok(lease(false)),
-                "ADOPTED" => return Ok(lease(true)),
+                "CREATED" => {
+                    self.watch(key, index);
+                    return Ok(lease(false));
+                }
+                "ADOPTED" => {
+                    self.watch(key, index);
+                    return Ok(lease(true));
+                }
                 "FULL" => {
                     forget();
                     notes.push(format!("{}: all {} slots taken", host.name, host.slots));
@@ -375,7 +482,10 @@ impl ProvisionPlugin for SshPlugin {
         let path = claim_path(key)?;
         let host = &self.config.hosts[index];
         match self.probe(index, &path).await {
-            Ok(Some(true)) => Ok(EndpointLookup::Ready(self.endpoint_of(host))),
+            Ok(Some(true)) => {
+                self.watch(key, index);
+                Ok(EndpointLookup::Ready(self.endpoint_of(host)))
+            }
             Ok(Some(false)) => Err(PluginError::not_found(format!(
                 "the claim of {key} is gone from host {:?}",
                 host.name
@@ -519,10 +629,17 @@ impl ProvisionPlugin for SshPlugin {
         let host = &self.config.hosts[index];
         let fault = self.take_fault(FaultStep::Release);
         let port = (fault == Some(FaultMode::Refused)).then_some(REFUSED_PORT);
-        let reply = self
-            .call(index, port, &script::release(&path))
-            .await
-            .map_err(|failure| self.failure(host, "destroying the node", failure))?;
+        // Not watched while it goes: its absence is no loss.
+        let watched = lock(&self.known).remove(key).is_some();
+        let reply = match self.call(index, port, &script::release(&path)).await {
+            Ok(reply) => reply,
+            Err(failure) => {
+                if watched && !matches!(failure, SshFailure::Unknown(_)) {
+                    self.watch(key, index);
+                }
+                return Err(self.failure(host, "destroying the node", failure));
+            }
+        };
         match reply.verdict() {
             "DESTROYED" | "ABSENT" if fault == Some(FaultMode::ReplyLost) => {
                 Err(PluginError::ambiguous(format!(
@@ -531,8 +648,12 @@ impl ProvisionPlugin for SshPlugin {
                 )))
             }
             "DESTROYED" | "ABSENT" => {
-                if let Some(hosts) = lock(&self.sent).get_mut(key) {
+                let mut sent = lock(&self.sent);
+                if let Some(hosts) = sent.get_mut(key) {
                     hosts.remove(&index);
+                    if hosts.is_empty() {
+                        sent.remove(key);
+                    }
                 }
                 Ok(())
             }

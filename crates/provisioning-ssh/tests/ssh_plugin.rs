@@ -3,10 +3,13 @@
 mod common;
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use common::{Testbed, key, spec};
+use provisioning::Observation;
+use provisioning::observe::LossCause;
 use provisioning::{BootParams, Endpoint, EndpointLookup, RunId};
-use provisioning_provider::{BootstrapRequest, PluginError, ProvisionPlugin};
+use provisioning_provider::{BootstrapRequest, ObservationSink, PluginError, ProvisionPlugin};
 use provisioning_ssh::{FaultMode, FaultStep, SshHost, SshPlugin, SshPluginConfig};
 
 fn boot() -> BootParams {
@@ -325,6 +328,43 @@ async fn a_refused_claim_is_definite_and_a_lost_reply_is_ambiguous_then_adopted(
 }
 
 /// Whether the process runs (a zombie waiting for a reaper does not).
+#[tokio::test]
+async fn a_claim_removed_behind_the_plugins_back_is_reported_lost_under_its_attempt() {
+    let bed = Testbed::start(1);
+    let plugin = bed.plugin("loss", 2);
+    let facts = Arc::new(Mutex::new(Vec::new()));
+    let seen = facts.clone();
+    plugin.attach(ObservationSink::new(move |o| seen.lock().unwrap().push(o)));
+    let k = key("loss", "w", 0, 7);
+    let kept = key("loss", "w", 1, 8);
+    plugin
+        .create_node(&k, &spec(&k, boot()))
+        .await
+        .expect("create");
+    let lease = plugin
+        .create_node(&kept, &spec(&kept, boot()))
+        .await
+        .expect("create");
+    assert_eq!(plugin.check_losses().await.expect("check"), 0);
+    std::fs::remove_dir_all(bed.hosts[0].claims().join("loss/w-0/a7")).expect("remove");
+    assert_eq!(plugin.check_losses().await.expect("check"), 1);
+    assert_eq!(
+        *facts.lock().unwrap(),
+        vec![Observation::NodeLost {
+            node: k.node.clone(),
+            attempt: k.attempt,
+            cause: LossCause::LeaseGone,
+        }]
+    );
+    // Reported once; a destroyed node is no loss.
+    plugin
+        .destroy_node(&kept, &lease.lease)
+        .await
+        .expect("destroy");
+    assert_eq!(plugin.check_losses().await.expect("check"), 0);
+    assert_eq!(facts.lock().unwrap().len(), 1);
+}
+
 fn process_alive(pid: &str) -> bool {
     let stat = Path::new("/proc").join(pid.trim()).join("stat");
     std::fs::read_to_string(stat).is_ok_and(|stat| {
