@@ -161,6 +161,14 @@ pub enum ExecError {
         #[source]
         source: std::io::Error,
     },
+    /// The last start failed and the next is not due yet.
+    #[error("provider program {command:?} failed to start; the next start is due in {wait:?}")]
+    Backoff {
+        /// The command.
+        command: String,
+        /// How long until the next start.
+        wait: Duration,
+    },
     /// The handshake failed.
     #[error("provider program {command:?} failed its handshake: {why}")]
     Handshake {
@@ -310,6 +318,8 @@ struct Restarts {
     /// Consecutive starts without a good reply in between.
     failures: u32,
     last_start: Option<Instant>,
+    /// Whether the last start failed (spawn or handshake).
+    last_failed: bool,
 }
 
 struct Inner {
@@ -358,12 +368,23 @@ impl Inner {
                 restarts.failures = 0;
             }
             if let Some(last) = restarts.last_start {
-                let delay = self.backoff(restarts.failures);
-                tokio::time::sleep_until(last + delay).await;
+                let due = last + self.backoff(restarts.failures);
+                let now = Instant::now();
+                if restarts.last_failed && now < due {
+                    // Fail fast instead of queueing every caller behind
+                    // another doomed start.
+                    return Err(ExecError::Backoff {
+                        command: self.config.command.clone(),
+                        wait: due - now,
+                    });
+                }
+                tokio::time::sleep_until(due).await;
                 restarts.failures = restarts.failures.saturating_add(1);
             }
             restarts.last_start = Some(Instant::now());
-            let connection = Arc::new(self.spawn().await?);
+            let started = self.spawn().await;
+            restarts.last_failed = started.is_err();
+            let connection = Arc::new(started?);
             *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(connection.clone());
             Ok(connection)
         })

@@ -232,3 +232,19 @@ async fn a_program_that_fails_its_handshake_is_refused_and_calls_fail_definitely
         "{outcome:?}"
     );
 }
+
+#[tokio::test]
+async fn after_a_failed_start_calls_fail_definitely_at_once_until_the_backoff_is_due() {
+    let mut config = ExecConfig::new("true", Vec::<String>::new());
+    config.restart_backoff_min = Duration::from_secs(3600);
+    config.restart_backoff_max = Duration::from_secs(3600);
+    let plugin = ExecPlugin::new(config);
+    for _ in 0..3 {
+        let outcome = plugin.list_nodes(&RunId::new("r")).await;
+        assert!(
+            matches!(outcome, Err(PluginError::Definite(_))),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(plugin.start_count(), 1, "one start, then the backoff");
+}
