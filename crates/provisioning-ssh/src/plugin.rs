@@ -17,6 +17,7 @@ use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
     PluginError, ProvisionPlugin,
 };
+use sha2::Digest;
 
 use crate::config::{ConfigErrors, SshHost, SshPluginConfig, is_safe_name};
 use crate::script;
@@ -210,6 +211,65 @@ impl SshPlugin {
         match first_error {
             Some(error) => Err(error),
             None => Ok(lost),
+        }
+    }
+
+    /// Makes sure the host `host` (by inventory name) holds the executable
+    /// `local`, uploading it once per content hash: it ends up at
+    /// `{claim_root}/.agents/{sha256}` (mode 0755), checked against its hash
+    /// on the host before it is renamed into place. Returns the remote path
+    /// and whether it was uploaded now.
+    ///
+    /// # Errors
+    /// Definite when `local` cannot be read, the host is unknown or could
+    /// not be reached, or the upload did not check out; ambiguous when the
+    /// call broke off.
+    pub async fn install_agent(
+        &self,
+        host: &str,
+        local: &std::path::Path,
+    ) -> Result<(String, bool), PluginError> {
+        let index = self
+            .config
+            .hosts
+            .iter()
+            .position(|h| h.name == host)
+            .ok_or_else(|| {
+                PluginError::definite(format!(
+                    "host {host:?} is not in inventory {:?}",
+                    self.config.inventory_name
+                ))
+            })?;
+        let path = local.to_owned();
+        let binary = tokio::task::spawn_blocking(move || std::fs::read(path))
+            .await
+            .map_err(|error| PluginError::definite(format!("reading the agent: {error}")))?
+            .map_err(|error| {
+                PluginError::definite(format!(
+                    "cannot read the agent {}: {error}",
+                    local.display()
+                ))
+            })?;
+        let hash = hex::encode(sha2::Sha256::digest(&binary));
+        let host = &self.config.hosts[index];
+        let remote = format!(
+            "sh -c {}",
+            quote(&script::install_agent(host.claim_root(), &hash))
+        );
+        let reply = ssh::run_with_input(&self.config, host, None, &remote, &binary)
+            .await
+            .map_err(|failure| self.failure(host, "installing the agent", failure))?;
+        let path = format!("{}/.agents/{hash}", host.claim_root());
+        match reply.verdict() {
+            "PRESENT" => Ok((path, false)),
+            "INSTALLED" => Ok((path, true)),
+            "MISMATCH" | "FAILED" => Err(PluginError::definite(format!(
+                "installing the agent on host {:?} failed ({}): {}",
+                host.name,
+                reply.verdict(),
+                reply.stderr.trim()
+            ))),
+            _ => Err(self.unexpected(index, "installing the agent", &reply)),
         }
     }
 

@@ -142,3 +142,24 @@ pub(crate) fn start_session(path: &str, boot: &BootParams) -> String {
     script.push_str("echo STARTED\n");
     script
 }
+
+/// A `sh -c` script (its standard input is the file) that installs an agent
+/// binary as `$root/.agents/{hash}` unless it is there: `PRESENT`,
+/// `INSTALLED`, or `MISMATCH`/`FAILED` (nothing installed). The file is
+/// written beside its final name and renamed into place only after its hash
+/// checked out, so a broken upload never leaves a runnable file.
+pub(crate) fn install_agent(root: &str, hash: &str) -> String {
+    format!(
+        r#"root={r}; dir="$root/.agents"; f="$dir/{hash}"
+if [ -x "$f" ]; then cat >/dev/null; echo PRESENT; exit 0; fi
+mkdir -p "$dir" || {{ echo FAILED; exit 6; }}
+tmp="$f.part.$$"
+if ! cat >"$tmp"; then rm -f "$tmp"; echo FAILED; exit 6; fi
+got=$(sha256sum "$tmp" | cut -d' ' -f1)
+if [ "$got" != {hash} ]; then rm -f "$tmp"; echo MISMATCH; exit 7; fi
+chmod 0755 "$tmp" && mv -f "$tmp" "$f" || {{ rm -f "$tmp"; echo FAILED; exit 6; }}
+echo INSTALLED
+"#,
+        r = quote(root),
+    )
+}

@@ -85,6 +85,18 @@ pub(crate) async fn run(
     port: Option<u16>,
     script: &str,
 ) -> Result<Reply, SshFailure> {
+    run_with_input(config, host, port, "exec sh -s", script.as_bytes()).await
+}
+
+/// Runs the remote command line `remote` (parsed by the user's login shell
+/// on the host) on `host`, with `input` on its standard input.
+pub(crate) async fn run_with_input(
+    config: &SshPluginConfig,
+    host: &SshHost,
+    port: Option<u16>,
+    remote: &str,
+    input: &[u8],
+) -> Result<Reply, SshFailure> {
     let mut command = Command::new(&config.ssh_program);
     if let Some(file) = &config.ssh_config_file {
         command.arg("-F").arg(file);
@@ -122,7 +134,7 @@ pub(crate) async fn run(
         .arg(&host.user)
         .arg("--")
         .arg(&host.address)
-        .arg("exec sh -s")
+        .arg(remote)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -137,7 +149,7 @@ pub(crate) async fn run(
     let call = async move {
         if let Some(stdin) = stdin.as_mut() {
             // A write error means ssh exited early; its status says why.
-            let _ = stdin.write_all(script.as_bytes()).await;
+            let _ = stdin.write_all(input).await;
             let _ = stdin.shutdown().await;
         }
         drop(stdin);

@@ -365,6 +365,39 @@ async fn a_claim_removed_behind_the_plugins_back_is_reported_lost_under_its_atte
     assert_eq!(facts.lock().unwrap().len(), 1);
 }
 
+#[tokio::test]
+async fn the_agent_is_installed_once_per_content_hash() {
+    let bed = Testbed::start(1);
+    let plugin = bed.plugin("install", 1);
+    let local = bed.path().join("agent-v1");
+    std::fs::write(&local, "#!/bin/sh\necho agent v1\n").expect("write agent");
+    let (path, uploaded) = plugin
+        .install_agent("host0", &local)
+        .await
+        .expect("install");
+    assert!(uploaded);
+    let installed = Path::new(&path);
+    assert_eq!(
+        std::fs::read(installed).expect("installed"),
+        std::fs::read(&local).expect("local")
+    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(installed).expect("stat").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o755);
+    let (again, uploaded) = plugin.install_agent("host0", &local).await.expect("again");
+    assert_eq!(again, path);
+    assert!(!uploaded, "the same content is not uploaded twice");
+    std::fs::write(&local, "#!/bin/sh\necho agent v2\n").expect("write agent");
+    let (v2, uploaded) = plugin.install_agent("host0", &local).await.expect("v2");
+    assert!(uploaded);
+    assert_ne!(v2, path, "another content hash is another file");
+    assert!(matches!(
+        plugin.install_agent("nowhere", &local).await,
+        Err(PluginError::Definite(_))
+    ));
+}
+
 fn process_alive(pid: &str) -> bool {
     let stat = Path::new("/proc").join(pid.trim()).join("stat");
     std::fs::read_to_string(stat).is_ok_and(|stat| {
