@@ -56,6 +56,7 @@ class Provider:
         self.nodes = {}
         self.faults = {}  # method -> [fault, ...]
         self.serial = 0
+        self.after_reply = []  # observations to send once the reply is out
 
     def send(self, message):
         sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
@@ -131,6 +132,8 @@ class Provider:
             self.observe("progress", key, stage="connecting")
             self.observe("progress", key, stage="connected")
             self.observe("progress", key, stage="waiting_for_join")
+            # The agent "joins" once the session is known to the host.
+            self.after_reply.append(("joined", key))
             result = {"session": node["session"], "adopted": False}
         self.fail_after(fault, "start_bootstrap")
         return result
@@ -237,6 +240,9 @@ class Provider:
                         },
                     }
                 )
+            for kind, key in self.after_reply:
+                self.observe(kind, key)
+            self.after_reply = []
 
 
 HANDLED = set(METHODS) | {"handshake", "inject_fault", "lose_node"}
