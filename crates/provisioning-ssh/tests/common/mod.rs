@@ -63,30 +63,148 @@ fn current_user() -> String {
         .to_owned()
 }
 
+/// Runs `ip ARGS`, panicking with its error output on failure.
+fn ip(args: &[&str]) {
+    let output = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| {
+            panic!("cannot run ip (install iproute2 with scripts/test-deps.sh): {error}")
+        });
+    assert!(
+        output.status.success(),
+        "ip {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Namespaces made by this test process, for unique names and subnets.
+static NAMESPACES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A network namespace joined to the root namespace by a veth pair:
+/// `10.213.{n}.1/30` on the root side, `10.213.{n}.2/30` inside. Dropping
+/// it deletes the link and the namespace, whatever was made of them.
+pub struct Netns {
+    pub name: String,
+    /// The root side of the veth pair (set it down to partition the host).
+    pub link: String,
+    pub address: Ipv4Addr,
+    made_ns: bool,
+    made_link: bool,
+}
+
+impl Netns {
+    pub fn create() -> Self {
+        let n = NAMESPACES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id() % 100_000;
+        let subnet = 1 + (pid + n * 7) % 250;
+        let address = Ipv4Addr::new(10, 213, subnet as u8, 2);
+        let used = Command::new("ip")
+            .args(["-o", "addr"])
+            .output()
+            .expect("ip addr");
+        assert!(
+            !String::from_utf8_lossy(&used.stdout).contains(&format!("10.213.{subnet}.")),
+            "10.213.{subnet}.0/30 is already in use on this machine"
+        );
+        let mut netns = Netns {
+            name: format!("pssh-{pid}-{n}"),
+            link: format!("psv{pid}h{n}"),
+            address,
+            made_ns: false,
+            made_link: false,
+        };
+        let peer = format!("psv{pid}n{n}");
+        ip(&["netns", "add", &netns.name]);
+        netns.made_ns = true;
+        ip(&[
+            "link",
+            "add",
+            &netns.link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer,
+        ]);
+        netns.made_link = true;
+        ip(&["link", "set", &peer, "netns", &netns.name]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("10.213.{subnet}.1/30"),
+            "dev",
+            &netns.link,
+        ]);
+        ip(&["link", "set", &netns.link, "up"]);
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", netns.name.as_str(), "ip"];
+            all.extend_from_slice(args);
+            ip(&all);
+        };
+        inside(&["addr", "add", &format!("{address}/30"), "dev", &peer]);
+        inside(&["link", "set", &peer, "up"]);
+        inside(&["link", "set", "lo", "up"]);
+        netns
+    }
+
+    /// Cuts the host off: its link goes down.
+    pub fn partition(&self) {
+        ip(&["link", "set", &self.link, "down"]);
+    }
+
+    /// Joins it again.
+    pub fn heal(&self) {
+        ip(&["link", "set", &self.link, "up"]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if self.made_link {
+            let _ = Command::new("ip")
+                .args(["link", "del", &self.link])
+                .status();
+        }
+        if self.made_ns {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.name])
+                .status();
+        }
+    }
+}
+
 /// One sshd of the testbed.
 pub struct SshdHost {
     pub name: String,
     pub dir: PathBuf,
+    pub address: Ipv4Addr,
     pub port: u16,
     /// `ssh-ed25519 AAAA… comment`.
     pub host_key: String,
     config: PathBuf,
     child: Option<Child>,
+    /// Last: removed after the sshd inside it is dead.
+    pub netns: Option<Netns>,
 }
 
 impl SshdHost {
-    fn create(root: &Path, index: usize, user_key: &str) -> Self {
+    fn create(root: &Path, index: usize, user_key: &str, netns: Option<Netns>) -> Self {
         let name = format!("host{index}");
         let dir = root.join(&name);
         fs::create_dir_all(dir.join("claims")).expect("host dir");
         let host_key = keygen(&dir.join("ssh_host_ed25519_key"), &name);
         fs::write(dir.join("authorized_keys"), format!("{user_key}\n")).expect("authorized_keys");
-        let port = free_port();
+        let (address, port) = match &netns {
+            Some(netns) => (netns.address, 22),
+            None => (Ipv4Addr::LOCALHOST, free_port()),
+        };
         let config = dir.join("sshd_config");
         fs::write(
             &config,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {dir}/ssh_host_ed25519_key\n\
+                "Port {port}\nListenAddress {address}\nHostKey {dir}/ssh_host_ed25519_key\n\
                  PidFile none\nAuthorizedKeysFile {dir}/authorized_keys\nPubkeyAuthentication yes\n\
                  PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
                  PermitRootLogin prohibit-password\nStrictModes no\nLogLevel ERROR\n\
@@ -98,10 +216,12 @@ impl SshdHost {
         let mut host = SshdHost {
             name,
             dir,
+            address,
             port,
             host_key,
             config,
             child: None,
+            netns,
         };
         host.start();
         host
@@ -113,7 +233,15 @@ impl SshdHost {
         // sshd refuses to start without its privilege separation directory.
         let _ = fs::create_dir_all("/run/sshd");
         let log = self.dir.join("sshd.log");
-        let mut child = Command::new(SSHD)
+        let mut command = match &self.netns {
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", &netns.name, SSHD]);
+                command
+            }
+            None => Command::new(SSHD),
+        };
+        let mut child = command
             .arg("-D")
             .arg("-f")
             .arg(&self.config)
@@ -130,7 +258,7 @@ impl SshdHost {
                     fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            if TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok() {
+            if TcpStream::connect((self.address, self.port)).is_ok() {
                 self.child = Some(child);
                 return;
             }
@@ -156,7 +284,11 @@ impl SshdHost {
 
     /// The known-hosts line of this host.
     pub fn known_hosts_line(&self) -> String {
-        format!("[127.0.0.1]:{} {}", self.port, self.host_key)
+        if self.port == 22 {
+            format!("{} {}", self.address, self.host_key)
+        } else {
+            format!("[{}]:{} {}", self.address, self.port, self.host_key)
+        }
     }
 }
 
@@ -177,13 +309,24 @@ pub struct Testbed {
 }
 
 impl Testbed {
+    /// `hosts` sshd on free ports of 127.0.0.1.
     pub fn start(hosts: usize) -> Self {
+        Self::build(hosts, false)
+    }
+
+    /// `hosts` sshd, each on port 22 of its own address in a network
+    /// namespace of its own.
+    pub fn start_netns(hosts: usize) -> Self {
+        Self::build(hosts, true)
+    }
+
+    fn build(hosts: usize, netns: bool) -> Self {
         require_tools();
         let dir = tempfile::tempdir().expect("testbed dir");
         let identity = dir.path().join("id_ed25519");
         let user_key = keygen(&identity, "provisioning-ssh-test");
         let hosts: Vec<_> = (0..hosts)
-            .map(|i| SshdHost::create(dir.path(), i, &user_key))
+            .map(|i| SshdHost::create(dir.path(), i, &user_key, netns.then(Netns::create)))
             .collect();
         let known_hosts = dir.path().join("known_hosts");
         let testbed = Testbed {
@@ -224,7 +367,7 @@ impl Testbed {
             .iter()
             .map(|h| SshHost {
                 name: h.name.clone(),
-                address: "127.0.0.1".into(),
+                address: h.address.to_string(),
                 port: h.port,
                 user: self.user.clone(),
                 identity_file: Some(self.identity.clone()),

@@ -1,0 +1,90 @@
+//! The ssh plugin against an sshd in a network namespace of its own, with
+//! its own address, partitioned by setting its link down: a real partition.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Testbed, key, spec};
+use provisioning::{BootParams, Endpoint, EndpointLookup};
+use provisioning_provider::{BootstrapRequest, PluginError, ProvisionPlugin};
+use provisioning_ssh::SshPlugin;
+
+/// How many times the test looks for the remote verify command to run.
+const MARKER_POLLS_MAX: usize = 3_000;
+
+#[tokio::test]
+async fn a_partition_mid_call_is_ambiguous_and_a_partitioned_host_is_not_ready() {
+    let bed = Testbed::start_netns(1);
+    let host = &bed.hosts[0];
+    let netns = host.netns.as_ref().expect("a namespaced host");
+    let mut config = bed.config("part", 1);
+    config.connect_timeout = Duration::from_secs(2);
+    config.command_timeout = Duration::from_secs(6);
+    let plugin = SshPlugin::new(config).expect("valid config");
+
+    let k = key("part", "w", 0, 1);
+    let marker = bed.path().join("verify-running");
+    let params = BootParams {
+        // Records its pid, then outlasts the call.
+        verify_commands: vec![format!("echo $$ > {}; exec sleep 30", marker.display())],
+        ..BootParams::default()
+    };
+    let node_spec = spec(&k, params);
+    let lease = plugin.create_node(&k, &node_spec).await.expect("create");
+    assert_eq!(
+        plugin
+            .lookup_endpoint(&k, &lease.lease)
+            .await
+            .expect("lookup"),
+        EndpointLookup::Ready(Endpoint(format!("ssh://{}@{}:22", bed.user, netns.address)))
+    );
+
+    let request = BootstrapRequest {
+        spec: node_spec,
+        lease: lease.lease.clone(),
+        endpoint: Endpoint("unused".into()),
+    };
+    let (result, ()) = tokio::join!(plugin.start_bootstrap(&k, &request), async {
+        // Partition once the command runs on the host: mid-call.
+        let mut polls = 0;
+        while !std::fs::read_to_string(&marker).is_ok_and(|pid| !pid.trim().is_empty()) {
+            polls += 1;
+            assert!(polls < MARKER_POLLS_MAX, "the verify command never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        netns.partition();
+    });
+    match result {
+        Err(PluginError::Ambiguous(message)) => eprintln!("mid-call partition: {message}"),
+        other => panic!("a call cut off by a partition must be ambiguous, got {other:?}"),
+    }
+
+    // While partitioned: not ready, and a destroy did nothing (definite).
+    assert_eq!(
+        plugin
+            .lookup_endpoint(&k, &lease.lease)
+            .await
+            .expect("lookup"),
+        EndpointLookup::NotReady
+    );
+    assert!(matches!(
+        plugin.destroy_node(&k, &lease.lease).await,
+        Err(PluginError::Definite(_))
+    ));
+
+    netns.heal();
+    assert!(matches!(
+        plugin.lookup_endpoint(&k, &lease.lease).await,
+        Ok(EndpointLookup::Ready(_))
+    ));
+    plugin
+        .destroy_node(&k, &lease.lease)
+        .await
+        .expect("destroy");
+    if let Ok(pid) = std::fs::read_to_string(&marker) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status();
+    }
+}
