@@ -321,6 +321,16 @@ impl SshPlugin {
         }
     }
 
+    /// The host a session handle of `key` names, if it is one of this
+    /// plugin's sessions for that key.
+    fn host_of_session(&self, key: &AttemptKey, session: Option<&SessionHandle>) -> Option<usize> {
+        let path = claim_path(key).ok()?;
+        let (name, rest) = session?.0.strip_prefix("ssh-session:")?.split_once(':')?;
+        (rest == path)
+            .then(|| self.config.hosts.iter().position(|h| h.name == name))
+            .flatten()
+    }
+
     fn endpoint_of(&self, host: &SshHost) -> Endpoint {
         let address = if host.address.contains(':') {
             format!("[{}]", host.address)
@@ -584,11 +594,15 @@ impl ProvisionPlugin for SshPlugin {
             .map_err(|failure| self.failure(host, "starting the bootstrap", failure))?;
         let verdict = reply.verdict().to_owned();
         match verdict.split_whitespace().next().unwrap_or("") {
-            "ADOPTED" => Ok(BootstrapSession {
-                session,
-                adopted: true,
-            }),
+            "ADOPTED" => {
+                self.watch(key, index);
+                Ok(BootstrapSession {
+                    session,
+                    adopted: true,
+                })
+            }
             "STARTED" => {
+                self.watch(key, index);
                 for stage in [
                     BootstrapProgress::Connected,
                     BootstrapProgress::BootChecking,
@@ -620,10 +634,13 @@ impl ProvisionPlugin for SshPlugin {
         key: &AttemptKey,
         session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
-        let _ = session;
         let path = claim_path(key)?;
-        // The session's claim is found on whichever host holds it.
-        for index in 0..self.config.hosts.len() {
+        // The session's host, else every host that may hold the claim.
+        let hosts = match self.host_of_session(key, session) {
+            Some(index) => vec![index],
+            None => (0..self.config.hosts.len()).collect(),
+        };
+        for index in hosts {
             let host = &self.config.hosts[index];
             match self.probe(index, &path).await {
                 Ok(Some(true)) => {
@@ -653,25 +670,30 @@ impl ProvisionPlugin for SshPlugin {
         key: &AttemptKey,
         session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
-        let _ = session;
         let Ok(path) = claim_path(key) else {
             return Ok(());
         };
+        let hosts = match self.host_of_session(key, session) {
+            Some(index) => vec![index],
+            None => (0..self.config.hosts.len()).collect(),
+        };
         let body = script::stop_session(&path);
-        let results =
-            join_all((0..self.config.hosts.len()).map(|i| self.call(i, None, &body))).await;
-        for (index, result) in results.into_iter().enumerate() {
+        let results = join_all(hosts.iter().map(|&i| self.call(i, None, &body))).await;
+        for (&index, result) in hosts.iter().zip(results) {
             let host = &self.config.hosts[index];
-            let sent = lock(&self.sent)
-                .get(key)
-                .is_some_and(|hosts| hosts.contains(&index));
+            // A host that may hold the key's claim: the session's, one a
+            // claim was sent to, or the one a live claim was seen on.
+            let may_hold = session.is_some()
+                || lock(&self.sent)
+                    .get(key)
+                    .is_some_and(|hosts| hosts.contains(&index))
+                || lock(&self.known).get(key) == Some(&index);
             match result {
                 Ok(reply) if matches!(reply.verdict(), "STOPPED" | "ABSENT") => {}
                 Ok(reply) => {
                     return Err(self.unexpected(index, "cancelling the bootstrap", &reply));
                 }
-                // A host that cannot be asked and never got the key holds nothing of it.
-                Err(SshFailure::NotConnected(_) | SshFailure::HostKey(_)) if !sent => {}
+                Err(SshFailure::NotConnected(_) | SshFailure::HostKey(_)) if !may_hold => {}
                 Err(failure) => {
                     return Err(self.failure(host, "cancelling the bootstrap", failure));
                 }

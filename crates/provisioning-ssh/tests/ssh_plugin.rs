@@ -443,8 +443,23 @@ async fn bootstrap_runs_verify_commands_and_starts_the_workload_detached() {
         .expect("start again");
     assert!(second.adopted);
     assert_eq!(second.session, first.session);
+    // Cancel stops the session's processes and keeps the claim.
     plugin
-        .complete_bootstrap(&k, Some(&first.session))
+        .cancel_bootstrap(&k, Some(&first.session))
+        .await
+        .expect("cancel");
+    assert!(!process_alive(&pid), "cancel stops the session's processes");
+    assert!(!pid_file.exists());
+    plugin
+        .cancel_bootstrap(&k, Some(&first.session))
+        .await
+        .expect("cancelling an ended session succeeds");
+    let third = plugin.start_bootstrap(&k, &request).await.expect("restart");
+    assert!(!third.adopted, "a cancelled session is started afresh");
+    let pid = std::fs::read_to_string(&pid_file).expect("the new session's pid");
+    assert!(process_alive(&pid));
+    plugin
+        .complete_bootstrap(&k, Some(&third.session))
         .await
         .expect("complete");
     plugin
