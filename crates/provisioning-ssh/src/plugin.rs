@@ -69,6 +69,11 @@ pub enum FaultMode {
 ///   authenticated, bad host key) did nothing: definite. A call that broke
 ///   or timed out after its script may have started is ambiguous.
 ///
+/// - A claim that disappears from its host (removed by hand, host
+///   reinstalled) is reported lost ([`LossCause::LeaseGone`]) under its own
+///   attempt by [`SshPlugin::check_losses`], which [`SshPlugin::start_watch`]
+///   runs periodically.
+///
 /// # Not yet done
 /// `start_bootstrap` runs the verify commands and starts the workload
 /// (`boot.start_command`) detached in a session of its own, recorded in the
