@@ -8,9 +8,12 @@
 //! guarantee — including G18 and G20 — shrinks the same way.
 
 use std::fmt;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use provisioning::driver::DriverError;
+use provisioning::durable::RecoveryError;
+use provisioning::{DurableState, Timestamp};
 use thiserror::Error;
 
 use crate::driver_under_test::DriverUnderTest;
@@ -18,8 +21,11 @@ use crate::fake::FakeSubstrate;
 use crate::generate::{GeneratorConfig, generate};
 use crate::guarantee::{GuaranteeId, Phase, Violation};
 use crate::harness::{
-    DriverFactory, DriverSetup, Mode, RunDigest, RunOptions, RunOutcome, Vacuity, cluster_driver,
-    run_trace,
+    DriverFactory, DriverSetup, HostOptions, Mode, RunDigest, RunOptions, RunOutcome, Stepper,
+    Vacuity, cluster_driver, run_built,
+};
+use crate::journal::{
+    InMemoryJournal, JournalFactory, KitJournal, Recovered, RecoveryFactory, recover_cluster_driver,
 };
 use crate::prng::SplitMix64;
 use crate::shrink::{DEFAULT_SHRINK_BUDGET, shrink};
@@ -394,6 +400,9 @@ pub struct Battery<S: Substrate> {
     name: String,
     substrate: Box<dyn Fn() -> S>,
     driver: Box<DriverFactory>,
+    recovery: Rc<RecoveryFactory>,
+    journal: Box<JournalFactory>,
+    host: HostOptions,
     seeds: Vec<u64>,
     traces: Vec<Trace>,
     modes: Vec<Mode>,
@@ -437,6 +446,9 @@ impl<S: Substrate> Battery<S> {
             name: name.into(),
             substrate: Box::new(substrate),
             driver: Box::new(cluster_driver),
+            recovery: Rc::new(recover_cluster_driver),
+            journal: Box::new(InMemoryJournal::boxed),
+            host: HostOptions::default(),
             seeds: derive_seeds(LEVEL1_SEED_BASE, DEFAULT_SEED_COUNT),
             traces: Vec::new(),
             modes: Mode::ALL.to_vec(),
@@ -480,6 +492,32 @@ impl<S: Substrate> Battery<S> {
         factory: impl Fn(&DriverSetup) -> Result<Box<dyn DriverUnderTest>, DriverError> + 'static,
     ) -> Self {
         self.driver = Box::new(factory);
+        self
+    }
+
+    /// Recovers the driver under test this way after a crash (default: the
+    /// real [`provisioning::ClusterDriver::recover`]; the kit's own tests
+    /// put broken recoveries here).
+    pub fn recovery(
+        mut self,
+        recovery: impl Fn(&DriverSetup, DurableState, Timestamp) -> Result<Recovered, RecoveryError>
+        + 'static,
+    ) -> Self {
+        self.recovery = Rc::new(recovery);
+        self
+    }
+
+    /// Builds each run's journal with `journal` (default: an
+    /// [`InMemoryJournal`]).
+    pub fn journal(mut self, journal: impl Fn() -> Box<dyn KitJournal> + 'static) -> Self {
+        self.journal = Box::new(journal);
+        self
+    }
+
+    /// Runs the harness host with these options (default: the correct
+    /// host; the kit's own tests put broken hosts here).
+    pub fn host(mut self, host: HostOptions) -> Self {
+        self.host = host;
         self
     }
 
@@ -600,7 +638,16 @@ impl<S: Substrate> Battery<S> {
     }
 
     fn run_once(&self, trace: &Trace, options: RunOptions) -> RunOutcome {
-        run_trace((self.substrate)(), &*self.driver, trace, options)
+        let builder = Stepper::builder((self.substrate)())
+            .driver(&*self.driver)
+            .journal((self.journal)())
+            .shared_recovery(self.recovery.clone())
+            .header(trace.header.clone())
+            .options(RunOptions {
+                host: self.host,
+                ..options
+            });
+        run_built(builder, trace)
     }
 
     /// Evaluates one trace in one mode: the run, and on a deterministic

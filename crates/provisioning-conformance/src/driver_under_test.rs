@@ -10,8 +10,8 @@
 use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink};
 use provisioning::shape::DesiredState;
 use provisioning::{
-    ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult, LogicalNodeId,
-    Observation, OperationId, RetryPolicy, Timestamp,
+    ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult,
+    LogicalNodeId, Observation, OperationId, RetryPolicy, Timestamp,
 };
 
 /// The operations of [`ClusterDriver`] the harness uses. See its docs for
@@ -87,6 +87,18 @@ pub trait DriverUnderTest {
 
     /// See [`ClusterDriver::is_queued`].
     fn is_queued(&self) -> bool;
+
+    /// See [`ClusterDriver::track_changes`]. The harness calls it once on a
+    /// freshly built driver, and again after a failed commit (so the next
+    /// change set rewrites everything). The default does nothing: a driver
+    /// that does not journal cannot be recovered after a crash.
+    fn track_changes(&mut self) {}
+
+    /// See [`ClusterDriver::take_changes`]. The default changes nothing.
+    fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
+        let _ = now;
+        ChangeSet::default()
+    }
 }
 
 impl DriverUnderTest for ClusterDriver {
@@ -157,5 +169,13 @@ impl DriverUnderTest for ClusterDriver {
 
     fn is_queued(&self) -> bool {
         ClusterDriver::is_queued(self)
+    }
+
+    fn track_changes(&mut self) {
+        ClusterDriver::track_changes(self);
+    }
+
+    fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
+        ClusterDriver::take_changes(self, now)
     }
 }

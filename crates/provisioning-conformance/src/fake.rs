@@ -382,6 +382,17 @@ impl Substrate for FakeSubstrate {
         self.backend.lock().counters
     }
 
+    fn survives_controller_crash(&self) -> bool {
+        true
+    }
+
+    fn destroy_orphan(&mut self, key: &ResourceKey) -> bool {
+        let mut ledger = self.backend.lock();
+        let live = ledger.live_lease(key).is_some() || ledger.has_session(key);
+        ledger.destroy(key);
+        live
+    }
+
     fn describe_work(&self) -> String {
         format!(
             "{} task(s) queued ({} runnable), {} hung call(s), {} scripted fault(s) unused",

@@ -48,7 +48,7 @@ impl Default for GeneratorConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SwarmWeights {
     /// Weight per [`InputKind`], in [`InputKind::ALL`] order; zero omits the kind.
-    pub kinds: [u32; 9],
+    pub kinds: [u32; 10],
     /// Weight per [`Fault`], in [`Fault::ALL`] order.
     pub faults: [u32; 7],
     /// Weight of "any call", then of each [`EffectKind`] in [`EffectKind::ALL`] order.
@@ -73,6 +73,7 @@ fn base_weight(kind: InputKind) -> u32 {
         InputKind::Redeliver => 3,
         InputKind::Release => 3,
         InputKind::Lose => 2,
+        InputKind::Crash => 2,
     }
 }
 
@@ -80,21 +81,34 @@ impl SwarmWeights {
     /// Draws a seed's weights. Each non-essential input kind is omitted with
     /// probability 1/4; faults, targets, events and tick sizes are each
     /// omitted with probability 1/5, keeping at least one of each family.
+    /// The crash weight is drawn last, so the other weights of a seed are
+    /// what they were before crashes joined the alphabet.
     pub fn draw(rng: &mut SplitMix64) -> Self {
-        let kinds = InputKind::ALL.map(|kind| {
+        let draw_kind = |rng: &mut SplitMix64, kind: InputKind| {
             let omitted = !ESSENTIAL.contains(&kind) && rng.chance(250);
             if omitted {
                 0
             } else {
                 base_weight(kind) * rng.between(1, 3) as u32
             }
-        });
+        };
+        let mut kinds = [0; InputKind::ALL.len()];
+        for (weight, kind) in kinds.iter_mut().zip(InputKind::ALL) {
+            if kind != InputKind::Crash {
+                *weight = draw_kind(rng, kind);
+            }
+        }
+        let faults = draw_family(rng);
+        let fault_targets = draw_family(rng);
+        let stream_events = draw_family(rng);
+        let ticks = draw_family(rng);
+        kinds[InputKind::Crash as usize] = draw_kind(rng, InputKind::Crash);
         SwarmWeights {
             kinds,
-            faults: draw_family(rng),
-            fault_targets: draw_family(rng),
-            stream_events: draw_family(rng),
-            ticks: draw_family(rng),
+            faults,
+            fault_targets,
+            stream_events,
+            ticks,
         }
     }
 }
@@ -195,6 +209,7 @@ fn draw_input(weights: &SwarmWeights, rng: &mut SplitMix64) -> Input {
             back: rng.below(16) as u32,
         },
         InputKind::Release => Input::Release,
+        InputKind::Crash => Input::Crash,
         InputKind::Lose => Input::Lose {
             ready: rng.below(4) as u32,
             cause: if rng.chance(500) {

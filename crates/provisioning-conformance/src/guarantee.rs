@@ -1,4 +1,4 @@
-//! The guarantees of SPEC §11, by stable id, and the violations the oracle
+//! The guarantees of SPEC §11 and §17 (G26–G28), by stable id, and the violations the oracle
 //! reports against them.
 //!
 //! # How the oracle evaluates each guarantee
@@ -34,10 +34,13 @@
 //! | G23 | Fair mode, at convergence: the live leases are exactly the managed nodes' current attempts (one each) and no session of another attempt is live. After an empty shape that is nothing. |
 //! | G24 | Fair mode, at convergence: the driver's desired shape is the last one the harness submitted, and the observed generation is its generation. Intermediate generations are skipped whenever shapes change faster than the cluster converges. |
 //! | G25 | At every dispatch: deadline = dispatch time + operation timeout. The host wakes exactly at each stored deadline; one millisecond before, the operation is not listed due and its timeout is refused without change; at the deadline it is listed due and accepted; nothing past its deadline is missing from the due list. |
+//! | G26 | Across every [`Input::Crash`](crate::trace::Input::Crash) and recovery: the journal gives back what was committed (recovery fails otherwise); every operation the journal held pending is no longer pending after recovery, and a pending create or bootstrap start is remembered as ambiguous (so it is re-issued and adopted); an attempt that appears after a crash is above every attempt seen before it (never reused). After a crash, a G01 reuse is reported as G26. G08, G21 and G23 keep being checked across crashes under their own ids — except that a resource a dead controller's call created after the crash is an orphan (left to G28), not a double-create — and the fair tail converges only once no orphan is left. |
+//! | G27 | At every backend call start (the harness host's executor runs over a wrapper of the substrate's backend): the operation was committed to the journal as pending by some commit before the call started. Calls a dead controller's executor still had queued never reach the backend. |
+//! | G28 | The harness host lists the substrate's live resources after every recovery and every `orphan_scan_interval` of virtual time, and destroys a resource no node's current attempt owns (not in the map, another attempt, or a destroyed node) once it was seen unowned for `orphan_grace`. The oracle samples the live resources after every input and tail round: once faults stop (the fair tail), a resource it saw unowned must be gone within `orphan_grace` + one scan interval; a resource a current attempt owns is never destroyed as an orphan. |
 
 use std::fmt;
 
-/// A guarantee of SPEC §11. The id (`G01`…`G25`) is stable: reports,
+/// A guarantee of SPEC §11 and §17. The id (`G01`…`G28`) is stable: reports,
 /// regression files and tests refer to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum GuaranteeId {
@@ -104,11 +107,22 @@ pub enum GuaranteeId {
     LatestDesiredWins,
     /// G25: an operation expires exactly at its stored deadline.
     DeadlineBoundary,
+    /// G26: across a controller crash and recovery, attempt ids are never
+    /// reused, nothing is created twice, and once faults stop the latest
+    /// shape converges with nothing leaked, orphans included.
+    CrashSafety,
+    /// G27: every effect a backend executes was committed to the journal as
+    /// pending before it started.
+    DurableBeforeDispatch,
+    /// G28: a resource no node's current attempt owns is destroyed within
+    /// `orphan_grace` + one scan interval once faults stop, and never one a
+    /// current attempt owns.
+    OrphansCollected,
 }
 
 impl GuaranteeId {
     /// Every guarantee, in id order.
-    pub const ALL: [GuaranteeId; 25] = [
+    pub const ALL: [GuaranteeId; 28] = [
         GuaranteeId::Identity,
         GuaranteeId::Correlation,
         GuaranteeId::AttemptFactOwnership,
@@ -134,14 +148,17 @@ impl GuaranteeId {
         GuaranteeId::ConvergedLeaksNothing,
         GuaranteeId::LatestDesiredWins,
         GuaranteeId::DeadlineBoundary,
+        GuaranteeId::CrashSafety,
+        GuaranteeId::DurableBeforeDispatch,
+        GuaranteeId::OrphansCollected,
     ];
 
-    /// The stable id, `G01`…`G25`.
+    /// The stable id, `G01`…`G28`.
     pub fn id(self) -> &'static str {
-        const IDS: [&str; 25] = [
+        const IDS: [&str; 28] = [
             "G01", "G02", "G03", "G04", "G05", "G06", "G07", "G08", "G09", "G10", "G11", "G12",
             "G13", "G14", "G15", "G16", "G17", "G18", "G19", "G20", "G21", "G22", "G23", "G24",
-            "G25",
+            "G25", "G26", "G27", "G28",
         ];
         IDS[self as usize]
     }
@@ -174,6 +191,9 @@ impl GuaranteeId {
             GuaranteeId::ConvergedLeaksNothing => "converged leaks nothing",
             GuaranteeId::LatestDesiredWins => "latest desired wins",
             GuaranteeId::DeadlineBoundary => "deadline boundary",
+            GuaranteeId::CrashSafety => "crash safety",
+            GuaranteeId::DurableBeforeDispatch => "durable before dispatch",
+            GuaranteeId::OrphansCollected => "orphans collected",
         }
     }
 
@@ -242,6 +262,8 @@ mod tests {
         }
         assert_eq!(GuaranteeId::NoDoubleCreate.id(), "G08");
         assert_eq!(GuaranteeId::ConvergedLeaksNothing.id(), "G23");
-        assert_eq!(GuaranteeId::from_id("G26"), None);
+        assert_eq!(GuaranteeId::CrashSafety.id(), "G26");
+        assert_eq!(GuaranteeId::OrphansCollected.id(), "G28");
+        assert_eq!(GuaranteeId::from_id("G29"), None);
     }
 }

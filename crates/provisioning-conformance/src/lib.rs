@@ -1,5 +1,5 @@
 //! The conformance kit of `provisioning`: proves that a driver, an executor
-//! and a provider backend keep the guarantees G01–G25 of the specification.
+//! and a provider backend keep the guarantees G01–G28 of the specification.
 //!
 //! Where to start:
 //! - [`Battery`] runs many seeded traces in both modes, replays regressions
@@ -55,6 +55,7 @@ mod fake_support;
 pub mod generate;
 pub mod guarantee;
 pub mod harness;
+pub mod journal;
 mod oracle;
 pub mod plugin_fake;
 pub mod plugin_substrate;
@@ -70,9 +71,11 @@ pub use fake::{Defect, FakeBackend, FakeSubstrate};
 pub use generate::{GeneratorConfig, generate};
 pub use guarantee::{GuaranteeId, Phase, Violation};
 pub use harness::{
-    BuildError, DriverSetup, Mode, RunOptions, RunOutcome, StepReport, Stepper, StepperBuilder,
-    TailOutcome, Vacuity, cluster_driver, default_shape, kit_template, run_trace,
+    BuildError, DriverSetup, HostOptions, HostOrder, Mode, RunOptions, RunOutcome, StepReport,
+    Stepper, StepperBuilder, TailOutcome, Vacuity, cluster_driver, default_shape, kit_template,
+    run_trace,
 };
+pub use journal::{InMemoryJournal, KitJournal, recover_cluster_driver};
 pub use plugin_fake::{FakePlugin, PluginDefect};
 pub use plugin_substrate::{PluginSubstrate, ScriptablePlugin};
 pub use prng::SplitMix64;

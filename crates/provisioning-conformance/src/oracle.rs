@@ -16,6 +16,9 @@
 //! | revision probes | G16 |
 //! | after the fair tail | G21 G22 G23 G24 |
 //! | across runs of one trace | G18 (same trace twice), G20 (tail work in another order) |
+//! | at every recovery after a crash | G26 (pending operations made ambiguous, journal readable, recovery succeeds) |
+//! | at every backend call start | G27 (committed as pending before the call) |
+//! | after every input and tail round; at every orphan destroy | G28 (collected in time once faults stop; never an owned resource) |
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -1054,6 +1057,136 @@ pub(crate) fn g23_converged_leaks_nothing(state: &ClusterState, live: &LiveResou
             )
         },
     )
+}
+
+// ---------------------------------------------------------------------------
+// Durable state, crashes and orphans (G26–G28).
+// ---------------------------------------------------------------------------
+
+/// Whether a node's current attempt owns the resource of `key`: the slot is
+/// managed, at that attempt, and not destroyed.
+pub(crate) fn owned(state: &ClusterState, key: &ResourceKey) -> bool {
+    state
+        .nodes
+        .get(&key.0)
+        .is_some_and(|n| n.attempt == key.1 && n.record.stage != NodeStage::Destroyed)
+}
+
+/// G26 (recovery form): every operation the journal held pending is no
+/// longer pending after recovery, and a pending create or bootstrap start is
+/// remembered as ambiguous, so the ladder re-issues it before anything
+/// destructive and the provider adopts what it may have made.
+pub(crate) fn g26_recovery_made_pending_ambiguous(
+    recovered: &ClusterState,
+    journaled: &[(LogicalNodeId, PendingOperation)],
+) -> Verdict {
+    for (id, pending) in journaled {
+        let Some(node) = recovered.nodes.get(id) else {
+            return Err(breach(
+                GuaranteeId::CrashSafety,
+                format!(
+                    "recovery lost node {id}, whose {} {} the journal held pending",
+                    pending.kind, pending.id
+                ),
+            ));
+        };
+        ensure(
+            node.attempt == pending.id.attempt(),
+            GuaranteeId::CrashSafety,
+            || {
+                format!(
+                    "recovery moved {} off attempt {} of its pending {} {}",
+                    id,
+                    pending.id.attempt(),
+                    pending.kind,
+                    pending.id
+                )
+            },
+        )?;
+        ensure(
+            node.pending.as_ref().is_none_or(|p| p.id != pending.id),
+            GuaranteeId::CrashSafety,
+            || {
+                format!(
+                    "{} still has {} {} pending after recovery, with no executor running it",
+                    label(id, node),
+                    pending.kind,
+                    pending.id
+                )
+            },
+        )?;
+        let adoptable = matches!(
+            pending.kind,
+            EffectKind::CreateLease | EffectKind::StartBootstrap
+        );
+        ensure(
+            !adoptable
+                || node
+                    .retry
+                    .ambiguous
+                    .as_ref()
+                    .is_some_and(|a| a.kind == pending.kind),
+            GuaranteeId::CrashSafety,
+            || {
+                format!(
+                    "recovery forgot the pending {} {} of {} instead of making it ambiguous (it may have happened at the provider; now {})",
+                    pending.kind,
+                    pending.id,
+                    label(id, node),
+                    describe_node(id, node)
+                )
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// G27: the call's operation was committed to the journal as pending
+/// before the call started.
+pub(crate) fn g27_committed_before_the_call(
+    op: &provisioning::OperationId,
+    node: &LogicalNodeId,
+    kind: EffectKind,
+    committed: bool,
+) -> Verdict {
+    ensure(committed, GuaranteeId::DurableBeforeDispatch, || {
+        format!(
+            "the backend started {kind} {op} for {node}, which no commit to the journal held pending"
+        )
+    })
+}
+
+/// G28 (safety form): a resource about to be destroyed as an orphan is not
+/// owned by a node's current attempt.
+pub(crate) fn g28_never_an_owned_resource(state: &ClusterState, key: &ResourceKey) -> Verdict {
+    ensure(!owned(state, key), GuaranteeId::OrphansCollected, || {
+        format!(
+            "the host destroyed {}/{} as an orphan, but it is that node's current attempt",
+            key.0, key.1
+        )
+    })
+}
+
+/// G28 (liveness form): once faults stopped at `stopped`, every resource
+/// observed unowned is gone within `bound` (grace + one scan interval) of
+/// the later of `stopped` and when it was first observed unowned.
+pub(crate) fn g28_orphans_collected_in_time(
+    observed: &BTreeMap<ResourceKey, Timestamp>,
+    stopped: Timestamp,
+    bound: std::time::Duration,
+    now: Timestamp,
+) -> Verdict {
+    for ((node, attempt), since) in observed {
+        let from = (*since).max(stopped);
+        let deadline = from.saturating_add(bound);
+        ensure(now <= deadline, GuaranteeId::OrphansCollected, || {
+            format!(
+                "{node}/{attempt}, owned by no current attempt since {since}, is still live at {now} (faults stopped at {stopped}; bound {} ms)",
+                bound.as_millis()
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// A description of what keeps a cluster from convergence, for G21 reports.

@@ -290,6 +290,16 @@ impl FakePlugin {
         count
     }
 
+    /// Destroys whatever is live for `key` (lease and session) without a
+    /// plugin call: how the harness host collects an orphan. Returns whether
+    /// anything was live.
+    pub fn destroy_orphan(&self, key: &AttemptKey) -> bool {
+        let mut ledger = self.lock();
+        let live = ledger.live_lease(key).is_some() || ledger.has_session(key);
+        ledger.destroy(key);
+        live
+    }
+
     /// The leases and sessions that are live right now, per key (every run).
     pub fn live_resources(&self) -> LiveResources {
         self.lock().live()

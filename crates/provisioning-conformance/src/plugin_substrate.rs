@@ -94,6 +94,20 @@ pub trait ScriptablePlugin: ProvisionPlugin {
 
     /// Hung calls and unused faults, for reports.
     fn describe_plugin(&self) -> String;
+
+    /// Whether the plugin's resources outlive a controller crash and
+    /// [`ScriptablePlugin::destroy_orphan`] works (crash inputs apply only
+    /// then). Default: no.
+    fn survives_controller_crash(&self) -> bool {
+        false
+    }
+
+    /// Destroys everything live for `key` (an orphan). Returns whether
+    /// anything was live. Default: cannot.
+    fn destroy_orphan(&self, key: &AttemptKey) -> bool {
+        let _ = key;
+        false
+    }
 }
 
 impl ScriptablePlugin for FakePlugin {
@@ -149,6 +163,14 @@ impl ScriptablePlugin for FakePlugin {
 
     fn plugin_counters(&self) -> SubstrateCounters {
         self.counters()
+    }
+
+    fn survives_controller_crash(&self) -> bool {
+        true
+    }
+
+    fn destroy_orphan(&self, key: &AttemptKey) -> bool {
+        FakePlugin::destroy_orphan(self, key)
     }
 
     fn describe_plugin(&self) -> String {
@@ -411,6 +433,15 @@ impl<P: ScriptablePlugin> Substrate for PluginSubstrate<P> {
 
     fn counters(&self) -> SubstrateCounters {
         self.plugin.plugin_counters()
+    }
+
+    fn survives_controller_crash(&self) -> bool {
+        self.plugin.survives_controller_crash()
+    }
+
+    fn destroy_orphan(&mut self, (node, attempt): &ResourceKey) -> bool {
+        self.plugin
+            .destroy_orphan(&PluginSubstrate::<P>::key(node, *attempt))
     }
 
     fn describe_work(&self) -> String {

@@ -291,10 +291,12 @@ pub trait Substrate {
     /// What the substrate can promise.
     fn capabilities(&self) -> Capabilities;
 
-    /// The backend to put under the executor (called once per run).
+    /// The backend to put under the executor (called once per run, and
+    /// again after every controller crash).
     fn backend(&self) -> Arc<Self::Backend>;
 
-    /// The spawner the executor hands its work to (called once per run).
+    /// The spawner the executor hands its work to (called once per run, and
+    /// again after every controller crash).
     fn spawner(&self) -> Arc<dyn Spawner>;
 
     /// Scripts the reply of a future call. Returns `false` when the
@@ -358,6 +360,27 @@ pub trait Substrate {
 
     /// A one-line description of queued and hung work, for reports.
     fn describe_work(&self) -> String;
+
+    /// Whether the provider side outlives a controller crash: its resources
+    /// stay, calls already running in the backend go on, and
+    /// [`Substrate::destroy_orphan`] works. Only then do
+    /// [`Input::Crash`](crate::trace::Input::Crash) inputs crash the
+    /// controller (otherwise they are no-ops), and only then does the host
+    /// collect orphans. After a crash the harness calls
+    /// [`Substrate::backend`] and [`Substrate::spawner`] again for the new
+    /// executor, and drops undelivered observations
+    /// ([`Substrate::take_observations`]). Default: no.
+    fn survives_controller_crash(&self) -> bool {
+        false
+    }
+
+    /// Destroys everything live for `key` — an orphan no node's current
+    /// attempt owns — the way the host's orphan collection does (SPEC §13).
+    /// Returns whether anything was live. Default: cannot (returns `false`).
+    fn destroy_orphan(&mut self, key: &ResourceKey) -> bool {
+        let _ = key;
+        false
+    }
 }
 
 #[cfg(test)]

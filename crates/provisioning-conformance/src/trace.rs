@@ -14,6 +14,7 @@
 //! run fifo
 //! stream @0 joined
 //! lose @1 agent
+//! crash
 //! ```
 //!
 //! Targets written `@k` are resolved when the input is applied: `stream @k`
@@ -341,6 +342,18 @@ pub enum Input {
         /// What is lost.
         cause: LossCause,
     },
+    /// The controller crashes: at its next wake that hands out operations,
+    /// right after the first of its two steps (commit the drive's changes,
+    /// submit its operations), the backend runs whatever work had reached
+    /// it and the controller dies — the driver, the executor with its
+    /// queued work and undelivered results, and every undelivered
+    /// observation are lost, while calls already running in the backend
+    /// may still finish there (their results are lost too). A new driver is
+    /// then recovered from the journal with a new executor over the same
+    /// substrate, and the trace goes on. When no such wake comes before the
+    /// inputs end, the crash happens then, between wakes. A no-op on a
+    /// substrate that cannot survive a controller crash.
+    Crash,
 }
 
 impl Input {
@@ -356,6 +369,7 @@ impl Input {
             Input::Redeliver { .. } => InputKind::Redeliver,
             Input::Release => InputKind::Release,
             Input::Lose { .. } => InputKind::Lose,
+            Input::Crash => InputKind::Crash,
         }
     }
 
@@ -452,11 +466,13 @@ pub enum InputKind {
     Release,
     /// [`Input::Lose`].
     Lose,
+    /// [`Input::Crash`].
+    Crash,
 }
 
 impl InputKind {
     /// Every kind, in order.
-    pub const ALL: [InputKind; 9] = [
+    pub const ALL: [InputKind; 10] = [
         InputKind::Tick,
         InputKind::Desire,
         InputKind::Revision,
@@ -466,6 +482,7 @@ impl InputKind {
         InputKind::Redeliver,
         InputKind::Release,
         InputKind::Lose,
+        InputKind::Crash,
     ];
 
     /// The keyword that starts an input of this kind in the text form.
@@ -480,6 +497,7 @@ impl InputKind {
             InputKind::Redeliver => "redeliver",
             InputKind::Release => "release",
             InputKind::Lose => "lose",
+            InputKind::Crash => "crash",
         }
     }
 }
@@ -581,6 +599,7 @@ impl fmt::Display for Input {
             Input::Redeliver { back } => write!(f, "redeliver {back}"),
             Input::Release => f.write_str("release"),
             Input::Lose { ready, cause } => write!(f, "lose @{ready} {}", loss_name(*cause)),
+            Input::Crash => f.write_str("crash"),
         }
     }
 }
@@ -813,6 +832,7 @@ fn parse_input(keyword: &str, words: &mut Words<'_>) -> Result<Input, ParseError
             back: parse_u32(words.next("history index")?, "history index")?,
         },
         "release" => Input::Release,
+        "crash" => Input::Crash,
         "lose" => Input::Lose {
             ready: parse_target(words.next("ready-node target")?)?,
             cause: match words.next("loss cause")? {
@@ -909,6 +929,7 @@ mod tests {
             Input::Tick { millis: 1 },
             Input::Tick { millis: 61_000 },
             Input::Release,
+            Input::Crash,
             Input::Redeliver { back: 7 },
             Input::Run(WorkStep::Fifo),
             Input::Run(WorkStep::Lifo),
@@ -994,12 +1015,13 @@ mod tests {
                     ready: 1,
                     cause: LossCause::AgentGone,
                 },
+                Input::Crash,
             ],
         };
         assert_eq!(
             trace.to_single_line(),
             "seed 0x2a; tick 1500ms; desire scale a 3; script create-lease ambiguous-done; \
-             stream @0 failed boot-check-failed; lose @1 agent"
+             stream @0 failed boot-check-failed; lose @1 agent; crash"
         );
     }
 
@@ -1077,6 +1099,7 @@ mod tests {
             "redeliver",
             "release",
             "lose",
+            "crash",
             "lease",
             "seed",
             "jitter",

@@ -13,8 +13,8 @@ use provisioning::observe::LossCause;
 use provisioning::shape::DesiredState;
 use provisioning::spawn::Spawner;
 use provisioning::{
-    ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult, LogicalNodeId,
-    NodeAttemptId, Observation, OperationId, RetryPolicy, Timestamp,
+    ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult,
+    LogicalNodeId, NodeAttemptId, Observation, OperationId, RetryPolicy, Timestamp,
 };
 use provisioning_conformance::substrate::{ResourceKey, SubstrateCounters};
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
@@ -330,6 +330,14 @@ impl DriverUnderTest for Broken {
 
     fn is_queued(&self) -> bool {
         self.inner.is_queued()
+    }
+
+    fn track_changes(&mut self) {
+        self.inner.track_changes();
+    }
+
+    fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
+        self.inner.take_changes(now)
     }
 }
 

@@ -19,6 +19,7 @@ impl<S: Substrate> Harness<S> {
                     self.probe_deadline_boundary(wake)?;
                     self.now = wake;
                     self.settle()?;
+                    self.orphan_wake()?;
                 }
                 _ => break,
             }
@@ -26,6 +27,8 @@ impl<S: Substrate> Harness<S> {
         if target > self.now {
             self.now = target;
         }
+        self.settle()?;
+        self.orphan_wake()?;
         self.settle()
     }
 

@@ -1,20 +1,23 @@
 //! The host loop: inputs, settling, deliveries and the per-step checks.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::rc::Rc;
 use std::time::Duration;
 
 use provisioning::driver::{DriverError, NodeError};
 use provisioning::{
-    ClusterState, DesiredUpdate, EffectOutput, EndpointLookup, ExecutorResult,
-    IdempotentEffectExecutor, Intent, LeaseHandle, LogicalNodeId, ManagedNode, NodeAttemptId,
-    Observation, OperationId, RetryPolicy, SessionHandle, Timestamp,
+    ClusterState, DesiredUpdate, EffectOutput, EndpointLookup, ExecutorResult, Intent, LeaseHandle,
+    LogicalNodeId, ManagedNode, NodeAttemptId, Observation, OperationId, RetryPolicy,
+    SessionHandle, Timestamp,
 };
 
+use super::durable::{Batch, DurableSide};
 use super::{
     Delivery, DriverFactory, DriverSetup, Harness, MAX_HISTORY, MAX_SETTLE_ROUNDS, NodeShape,
     QUIESCENCE_PROBE_PERIOD, RunDigest, RunOptions, RunOutcome, ShapeModel, Vacuity, summarize,
 };
 use crate::guarantee::{GuaranteeId, Phase, Violation};
+use crate::journal::{KitJournal, RecoveryFactory};
 use crate::oracle::{self, Breach, FoldCause, Verdict, breach};
 use crate::substrate::Substrate;
 use crate::trace::{Input, RevisionProbe, TraceHeader};
@@ -22,9 +25,12 @@ use crate::trace::{Input, RevisionProbe, TraceHeader};
 impl<S: Substrate> Harness<S> {
     /// Builds the driver (with `factory`) and the executor over `substrate`
     /// for a run of `model` under `header`. Submits nothing yet.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         substrate: S,
         factory: &DriverFactory,
+        journal: Box<dyn KitJournal>,
+        recovery: Rc<RecoveryFactory>,
         header: &TraceHeader,
         model: ShapeModel,
         first_generation: u64,
@@ -39,21 +45,32 @@ impl<S: Substrate> Harness<S> {
             policy,
             attempt_limit: header.attempt_limit,
         };
-        let driver = factory(&setup).map_err(|error| Violation {
+        let mut driver = factory(&setup).map_err(|error| Violation {
             guarantee: GuaranteeId::ErrorsNotPanics,
             phase: Phase::Setup,
             detail: format!("the driver could not be built: {error}"),
         })?;
-        let executor = IdempotentEffectExecutor::new(substrate.backend(), substrate.spawner());
+        driver.track_changes();
+        let now = Timestamp::from_millis(header.clock_start_ms);
+        let durable = DurableSide::new(now, &options.host);
+        let executor = Harness::controller_executor(&substrate, &durable.control);
         let strict_calls = substrate.capabilities().deterministic;
+        let mut vacuity = Vacuity::default();
+        if substrate.survives_controller_crash() {
+            vacuity.crash_capable_runs = 1;
+        }
         Ok(Harness {
             substrate,
             executor,
             driver,
+            setup,
+            journal,
+            recovery,
+            durable,
             options,
             strict_calls,
             phase: Phase::Setup,
-            now: Timestamp::from_millis(header.clock_start_ms),
+            now,
             model,
             generation: first_generation.saturating_sub(1),
             history: VecDeque::new(),
@@ -64,7 +81,7 @@ impl<S: Substrate> Harness<S> {
             highest_generation: None,
             cleanup_failed: BTreeSet::new(),
             calls: Vec::new(),
-            vacuity: Vacuity::default(),
+            vacuity,
             edges_reached: false,
             converged: false,
             tail_rounds: 0,
@@ -117,6 +134,11 @@ impl<S: Substrate> Harness<S> {
     /// The check at the end of the inputs: a forced pass (G19).
     pub(super) fn end_of_inputs(&mut self) -> Result<(), Violation> {
         self.phase = Phase::End;
+        if self.durable.crash_armed {
+            self.crash()?;
+            self.settle()?;
+            self.check_state()?;
+        }
         self.probe_quiescence()
     }
 
@@ -125,7 +147,8 @@ impl<S: Substrate> Harness<S> {
     pub(super) fn vacuity_so_far(&self) -> Vacuity {
         let mut vacuity = self.vacuity;
         vacuity.adoptions_after_ambiguity = self.substrate.counters().adoptions;
-        vacuity.late_results_discarded += self.executor.counters().late_dropped;
+        vacuity.late_results_discarded +=
+            self.executor.counters().late_dropped + self.durable.late_dropped_before;
         if self.edges_reached {
             vacuity.edges_reached = 1;
         }
@@ -227,6 +250,11 @@ impl<S: Substrate> Harness<S> {
             }
             Input::Release => {
                 self.substrate.release_oldest_hang();
+            }
+            Input::Crash => {
+                if self.crash_capable() {
+                    self.durable.crash_armed = true;
+                }
             }
             Input::Lose { ready, cause } => {
                 let ready_nodes: Vec<(LogicalNodeId, NodeAttemptId)> = self
@@ -363,8 +391,8 @@ impl<S: Substrate> Harness<S> {
             return Ok(false);
         }
         let pre = self.driver.state().clone();
-        let mut sink = &self.executor;
-        let outcome = self.driver.drive_until_blocked(self.now, &mut sink);
+        let mut batch = Batch::default();
+        let outcome = self.driver.drive_until_blocked(self.now, &mut batch);
         let (passes, edge) = match &outcome {
             Ok(report) => (report.passes, false),
             Err(error) if Harness::<S>::edge_error(error) => {
@@ -374,6 +402,7 @@ impl<S: Substrate> Harness<S> {
             Err(error) => return Err(self.unexpected("a pass", error)),
         };
         self.check_drive(&pre, edge)?;
+        self.hand_out(batch)?;
         Ok(passes > 0)
     }
 
@@ -383,7 +412,10 @@ impl<S: Substrate> Harness<S> {
         let post = self.driver.state();
         let desired = self.driver.desired();
         let mut highest = self.highest_attempt;
-        let mut verdict = oracle::g01_new_attempts_are_fresh(pre, post, &mut highest);
+        if let Err(reused) = oracle::g01_new_attempts_are_fresh(pre, post, &mut highest) {
+            return Err(self.crash_aware(reused.guarantee, reused.detail));
+        }
+        let mut verdict = Ok(());
         let dispatches = oracle::new_dispatches(pre, post);
         for dispatch in &dispatches {
             verdict = verdict
@@ -432,10 +464,26 @@ impl<S: Substrate> Harness<S> {
     }
 
     pub(super) fn check_calls(&mut self) -> Result<(), Violation> {
-        if let Some(alarm) = self.substrate.take_ledger_alarms().into_iter().next() {
-            return Err(self.violation(breach(GuaranteeId::NoDoubleCreate, alarm)));
+        let alarms = self.substrate.take_ledger_alarms();
+        if !alarms.is_empty() {
+            let zombies = self.zombie_slots();
+            // A resource a dead controller's call made after the crash is an
+            // orphan (G28), not a double-create by this controller.
+            let explained = |alarm: &String| {
+                zombies
+                    .iter()
+                    .any(|node| alarm.contains(&format!(" {node}/")))
+            };
+            if let Some(alarm) = alarms.into_iter().find(|alarm| !explained(alarm)) {
+                return Err(self.crash_aware(GuaranteeId::NoDoubleCreate, alarm));
+            }
         }
-        for call in self.substrate.take_calls() {
+        let (starts, zombies) = self.take_call_starts();
+        for mut call in self.substrate.take_calls() {
+            // Calls of a dead controller still running in the backend are
+            // beyond any executor's single flight.
+            let zombie_calls = zombies.get(&call.op).copied().unwrap_or(0);
+            call.overlapping = call.overlapping.saturating_sub(zombie_calls);
             let verdict = oracle::g05_one_call_per_attempt(&call)
                 .and_then(|()| {
                     oracle::g04_call_was_recorded(
@@ -450,7 +498,7 @@ impl<S: Substrate> Harness<S> {
             self.check(verdict)?;
             self.calls.push(call);
         }
-        Ok(())
+        self.check_committed(&starts)
     }
 
     pub(super) fn remember(&mut self, delivery: Delivery) {
@@ -512,6 +560,16 @@ impl<S: Substrate> Harness<S> {
         match &result.outcome {
             Ok(EffectOutput::Endpoint(EndpointLookup::NotReady)) => {
                 self.vacuity.endpoint_probes += 1;
+            }
+            Ok(
+                EffectOutput::LeaseCreated { adopted: true, .. }
+                | EffectOutput::BootstrapStarted { adopted: true, .. },
+            ) if self
+                .durable
+                .recovered_ambiguous
+                .contains(&(result.op.attempt(), result.kind)) =>
+            {
+                self.vacuity.adoptions_after_recovery += 1;
             }
             Err(_) if result.kind.is_cleanup() => {
                 self.cleanup_failed.insert(result.op.attempt());
@@ -594,19 +652,43 @@ impl<S: Substrate> Harness<S> {
 
     pub(super) fn check_state(&mut self) -> Result<(), Violation> {
         let live = self.substrate.live_resources();
+        self.check_orphans(&live)?;
+        let zombies = if self.durable.crashes > 0 {
+            self.zombie_slots()
+        } else {
+            BTreeSet::new()
+        };
+        let double = if zombies.is_empty() {
+            oracle::g08_no_double_create(&live)
+        } else {
+            // Resources a dead controller's calls made after the crash are
+            // orphans (G28), not double-creates of this controller.
+            let mut sample = live.clone();
+            let state = self.driver.state();
+            let orphan_of_zombie = |key: &crate::substrate::ResourceKey| {
+                zombies.contains(&key.0) && !oracle::owned(state, key)
+            };
+            sample.leases.retain(|key, _| !orphan_of_zombie(key));
+            sample.sessions.retain(|key, _| !orphan_of_zombie(key));
+            oracle::g08_no_double_create(&sample)
+        };
+        if let Err(double) = double {
+            return Err(self.crash_aware(double.guarantee, double.detail));
+        }
         let state = self.driver.state();
         let desired = self.driver.desired();
         let settled = !self.driver.is_queued();
         let lease_owner = |lease: &LeaseHandle| self.substrate.lease_owner(lease);
         let session_owner = |session: &SessionHandle| self.substrate.session_owner(session);
         let mut highest = self.highest_generation;
-        let verdict = oracle::g01_identity_in_state(state)
-            .and_then(|()| oracle::g02_pending_belongs_to_current_attempt(state))
+        if let Err(identity) = oracle::g01_identity_in_state(state) {
+            return Err(self.crash_aware(identity.guarantee, identity.detail));
+        }
+        let verdict = oracle::g02_pending_belongs_to_current_attempt(state)
             .and_then(|()| {
                 oracle::g03_facts_belong_to_current_attempt(state, &lease_owner, &session_owner)
             })
             .and_then(|()| oracle::g06_dead_nodes_hold_nothing(state))
-            .and_then(|()| oracle::g08_no_double_create(&live))
             .and_then(|()| oracle::g14_readiness_coherence(state, desired, settled))
             .and_then(|()| oracle::g15_session_coherence(state))
             .and_then(|()| oracle::g16_generation_is_monotonic(state, desired, &mut highest))

@@ -21,6 +21,7 @@
 //! [`default_shape`], so both share one code path.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::rc::Rc;
 
 use provisioning::driver::DriverError;
 use provisioning::id::AttemptAllocator;
@@ -32,6 +33,7 @@ use provisioning::{
 
 use crate::driver_under_test::DriverUnderTest;
 use crate::guarantee::{GuaranteeId, Phase, Violation};
+use crate::journal::{KitJournal, RecoveryFactory};
 use crate::oracle;
 use crate::substrate::{CallRecord, LiveResources, Substrate};
 use crate::trace::{Trace, WorkStep};
@@ -135,15 +137,19 @@ pub struct RunOptions {
     pub tail_order: WorkStep,
     /// Whether to keep a step-by-step narration for reports.
     pub narrate: bool,
+    /// How the harness host journals and collects orphans (default: the
+    /// correct host).
+    pub host: HostOptions,
 }
 
 impl RunOptions {
-    /// A run in `mode`, FIFO tail, no narration.
+    /// A run in `mode`, FIFO tail, no narration, the correct host.
     pub fn new(mode: Mode) -> Self {
         RunOptions {
             mode,
             tail_order: WorkStep::Fifo,
             narrate: false,
+            host: HostOptions::default(),
         }
     }
 }
@@ -169,12 +175,24 @@ pub struct Vacuity {
     pub ready_node_losses: u64,
     /// Attempt exhaustion or clock saturation was reached (informational).
     pub edges_reached: u64,
+    /// The controller crashed and was recovered from its journal.
+    pub crashes: u64,
+    /// A create or bootstrap start that recovery made ambiguous was
+    /// re-issued and adopted what the dead controller's call had made.
+    pub adoptions_after_recovery: u64,
+    /// An orphan (a live resource no current attempt owns) was destroyed.
+    pub orphans_collected: u64,
+    /// Runs whose substrate survives a controller crash; the three counts
+    /// above are required only when some run's did.
+    pub crash_capable_runs: u64,
 }
 
 impl Vacuity {
-    /// The counts the battery requires to be non-zero, by name.
-    pub fn required(&self) -> [(&'static str, u64); 8] {
-        [
+    /// The counts the battery requires to be non-zero, by name. The crash
+    /// counts are required only when some run's substrate survives a
+    /// controller crash.
+    pub fn required(&self) -> Vec<(&'static str, u64)> {
+        let mut required = vec![
             ("adoption after ambiguity", self.adoptions_after_ambiguity),
             ("timeout", self.timeouts),
             ("replacement", self.replacements),
@@ -183,7 +201,15 @@ impl Vacuity {
             ("endpoint probe", self.endpoint_probes),
             ("late result discarded", self.late_results_discarded),
             ("ready-node loss", self.ready_node_losses),
-        ]
+        ];
+        if self.crash_capable_runs > 0 {
+            required.extend([
+                ("crash", self.crashes),
+                ("adoption after recovery", self.adoptions_after_recovery),
+                ("orphan collected", self.orphans_collected),
+            ]);
+        }
+        required
     }
 
     /// Adds `other` to `self`.
@@ -197,6 +223,10 @@ impl Vacuity {
         self.late_results_discarded += other.late_results_discarded;
         self.ready_node_losses += other.ready_node_losses;
         self.edges_reached += other.edges_reached;
+        self.crashes += other.crashes;
+        self.adoptions_after_recovery += other.adoptions_after_recovery;
+        self.orphans_collected += other.orphans_collected;
+        self.crash_capable_runs += other.crash_capable_runs;
     }
 }
 
@@ -265,12 +295,16 @@ pub fn run_trace<S: Substrate>(
     trace: &Trace,
     options: RunOptions,
 ) -> RunOutcome {
-    let built = Stepper::builder(substrate)
+    let builder = Stepper::builder(substrate)
         .driver(factory)
         .header(trace.header.clone())
-        .options(options)
-        .build();
-    let mut stepper = match built {
+        .options(options);
+    run_built(builder, trace)
+}
+
+/// Builds the stepper and runs `trace` through it to the end.
+pub(crate) fn run_built<S: Substrate>(builder: StepperBuilder<'_, S>, trace: &Trace) -> RunOutcome {
+    let mut stepper = match builder.build() {
         Ok(stepper) => stepper,
         Err(error) => {
             let violation = match error {
@@ -318,11 +352,14 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 mod clock;
+mod durable;
 mod host;
 mod model;
 mod stepper;
 mod tail;
 
+use durable::{ControllerBackend, DurableSide};
+pub use durable::{DEFAULT_ORPHAN_GRACE, DEFAULT_ORPHAN_SCAN_INTERVAL, HostOptions, HostOrder};
 use model::ShapeModel;
 pub use stepper::{
     BuildError, StepReport, Stepper, StepperBuilder, TailOutcome, default_shape, kit_template,
@@ -338,8 +375,12 @@ enum Delivery {
 /// public face.
 struct Harness<S: Substrate> {
     substrate: S,
-    executor: IdempotentEffectExecutor<S::Backend>,
+    executor: IdempotentEffectExecutor<ControllerBackend<S::Backend>>,
     driver: Box<dyn DriverUnderTest>,
+    setup: DriverSetup,
+    journal: Box<dyn KitJournal>,
+    recovery: Rc<RecoveryFactory>,
+    durable: DurableSide,
     options: RunOptions,
     strict_calls: bool,
     phase: Phase,

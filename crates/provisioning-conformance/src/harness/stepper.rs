@@ -3,19 +3,24 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::rc::Rc;
 
+use provisioning::durable::RecoveryError;
 use provisioning::executor::ExecutorCounters;
 use provisioning::shape::DesiredState;
 use provisioning::{
-    ClusterShape, ClusterState, LogicalNodeId, NodeTemplate, ShapeError, Timestamp,
+    ClusterShape, ClusterState, DurableState, LogicalNodeId, NodeTemplate, ShapeError, Timestamp,
 };
 
 use super::model::{self, ShapeModel};
 use super::{
-    DriverFactory, Harness, Mode, NodeShape, RunDigest, RunOptions, RunOutcome, Vacuity,
-    cluster_driver, panic_text,
+    DriverFactory, DriverSetup, Harness, HostOptions, Mode, NodeShape, RunDigest, RunOptions,
+    RunOutcome, Vacuity, cluster_driver, panic_text,
 };
 use crate::guarantee::{GuaranteeId, Phase, Violation};
+use crate::journal::{
+    InMemoryJournal, KitJournal, Recovered, RecoveryFactory, recover_cluster_driver,
+};
 use crate::substrate::{CallRecord, LiveResources, Substrate, SubstrateCounters};
 use crate::trace::{Input, TraceHeader, WorkStep};
 
@@ -62,6 +67,8 @@ impl std::error::Error for BuildError {}
 pub struct StepperBuilder<'f, S: Substrate> {
     substrate: S,
     factory: &'f DriverFactory,
+    journal: Box<dyn KitJournal>,
+    recovery: Rc<RecoveryFactory>,
     shape: ClusterShape,
     header: TraceHeader,
     options: RunOptions,
@@ -139,10 +146,43 @@ impl<'f, S: Substrate> StepperBuilder<'f, S> {
         StepperBuilder {
             substrate: self.substrate,
             factory,
+            journal: self.journal,
+            recovery: self.recovery,
             shape: self.shape,
             header: self.header,
             options: self.options,
         }
+    }
+
+    /// The journal the host commits to (default: an empty
+    /// [`InMemoryJournal`]).
+    pub fn journal(mut self, journal: Box<dyn KitJournal>) -> Self {
+        self.journal = journal;
+        self
+    }
+
+    /// How a driver is recovered from the journal after a crash (default:
+    /// [`recover_cluster_driver`], the real
+    /// [`ClusterDriver::recover`](provisioning::ClusterDriver::recover)).
+    pub fn recovery(
+        self,
+        recovery: impl Fn(&DriverSetup, DurableState, Timestamp) -> Result<Recovered, RecoveryError>
+        + 'static,
+    ) -> Self {
+        self.shared_recovery(Rc::new(recovery))
+    }
+
+    /// [`StepperBuilder::recovery`] with a shared factory.
+    pub fn shared_recovery(mut self, recovery: Rc<RecoveryFactory>) -> Self {
+        self.recovery = recovery;
+        self
+    }
+
+    /// How the host journals and collects orphans (default: the correct
+    /// host, [`HostOptions::default`]).
+    pub fn host(mut self, host: HostOptions) -> Self {
+        self.options.host = host;
+        self
     }
 
     /// Builds the driver and the executor over the substrate, submits the
@@ -162,6 +202,8 @@ impl<'f, S: Substrate> StepperBuilder<'f, S> {
         let StepperBuilder {
             substrate,
             factory,
+            journal,
+            recovery,
             header,
             options,
             ..
@@ -170,6 +212,8 @@ impl<'f, S: Substrate> StepperBuilder<'f, S> {
             Harness::new(
                 substrate,
                 factory,
+                journal,
+                recovery,
                 &header,
                 model,
                 first_generation,
@@ -285,6 +329,8 @@ impl<S: Substrate> Stepper<S> {
         StepperBuilder {
             substrate,
             factory: &cluster_driver,
+            journal: InMemoryJournal::boxed(),
+            recovery: Rc::new(recover_cluster_driver),
             shape: default_shape(),
             header: TraceHeader::default(),
             options: RunOptions::new(Mode::Adversarial),
@@ -449,7 +495,8 @@ impl<S: Substrate> Stepper<S> {
         self.harness.driver.requeue_at()
     }
 
-    /// The executor's counters (started, completed, expired, late dropped…).
+    /// The counters of the current executor (started, completed, expired,
+    /// late dropped…); a crash starts a new executor at zero.
     pub fn executor_counters(&self) -> ExecutorCounters {
         self.harness.executor.counters()
     }

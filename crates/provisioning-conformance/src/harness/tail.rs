@@ -16,6 +16,7 @@ impl<S: Substrate> Harness<S> {
         self.tail_rounds = 0;
         self.tail_new_attempts = 0;
         self.substrate.stop_faults();
+        self.durable.faults_stopped_at = Some(self.now);
         let attempts_before = self.driver.state().attempts.next_unallocated();
         let order = match self.options.tail_order {
             WorkStep::One(_) => WorkStep::Fifo,
@@ -36,15 +37,20 @@ impl<S: Substrate> Harness<S> {
                 }
             }
             self.check_state()?;
-            if self.driver.is_converged() {
+            // Converged only once no orphan is left (G26).
+            let orphans = self.next_orphan_event();
+            if self.driver.is_converged() && orphans.is_none() {
                 self.converged = true;
                 break;
             }
-            let next = self
-                .driver
-                .requeue_at()
-                .filter(|t| *t > self.now)
-                .unwrap_or_else(|| self.now.saturating_add(Duration::from_secs(1)));
+            let requeue = self.driver.requeue_at().filter(|t| *t > self.now);
+            let orphans = orphans.filter(|t| *t > self.now);
+            let next = match (requeue, orphans) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a
+                    .or(b)
+                    .unwrap_or_else(|| self.now.saturating_add(Duration::from_secs(1))),
+            };
             self.advance_to(next)?;
             self.check_state()?;
         }
@@ -60,13 +66,20 @@ impl<S: Substrate> Harness<S> {
         }
         if !self.converged {
             let pending = oracle::describe_pending(self.driver.state(), self.driver.desired());
-            return Err(self.violation(breach(
+            let orphans: Vec<String> = self
+                .durable
+                .observed_orphans
+                .keys()
+                .map(|(node, attempt)| format!("{node}/{attempt}"))
+                .collect();
+            return Err(self.crash_aware(
                 GuaranteeId::FairConvergence,
                 format!(
-                    "no convergence within {FAIR_ROUNDS_MAX} fair rounds; still pending: {pending}; work: {}",
+                    "no convergence within {FAIR_ROUNDS_MAX} fair rounds; still pending: {pending}; orphans: [{}]; work: {}",
+                    orphans.join(", "),
                     self.substrate.describe_work()
                 ),
-            )));
+            ));
         }
         self.probe_quiescence()?;
         let new_attempts = self.tail_new_attempts;
@@ -81,10 +94,9 @@ impl<S: Substrate> Harness<S> {
             ))
         })?;
         let live = self.substrate.live_resources();
-        self.check(oracle::g23_converged_leaks_nothing(
-            self.driver.state(),
-            &live,
-        ))?;
+        if let Err(leak) = oracle::g23_converged_leaks_nothing(self.driver.state(), &live) {
+            return Err(self.crash_aware(leak.guarantee, leak.detail));
+        }
         let latest = self.model.shape(self.generation);
         self.check(if *self.driver.desired().shape() == latest
             && self.driver.state().observed_generation == Some(latest.generation)

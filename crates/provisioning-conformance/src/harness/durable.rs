@@ -1,0 +1,696 @@
+//! The durable side of the harness host: journaling before dispatch (G27),
+//! controller crashes and recovery (G26), and orphan collection (G28).
+//!
+//! Per wake the host drives the driver into a [`Batch`], commits the drive's
+//! change set to the journal, and only then submits the batch to the
+//! executor — as the real host does. The executor runs over a
+//! [`ControllerBackend`], a thin wrapper of the substrate's backend that
+//! belongs to one controller life (an *epoch*): it checks at every call start
+//! that the operation was committed as pending (G27), and after a crash it
+//! refuses every call the dead controller's executor still had queued, while
+//! calls that were already running in the backend go on there (*zombies*).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use provisioning::driver::{OperationSink, SubmitError};
+use provisioning::durable::RecoveryError;
+use provisioning::executor::EffectBackend;
+use provisioning::observe::LossCause;
+use provisioning::spawn::BoxFuture;
+use provisioning::state::PendingOperation;
+use provisioning::{
+    ChangeSet, EffectError, EffectKind, EffectOutput, ExecutorResult, IdempotentEffectExecutor,
+    LogicalNodeId, NodeAttemptId, Observation, Operation, OperationId, Timestamp,
+};
+
+use super::Harness;
+use crate::guarantee::{GuaranteeId, Violation};
+use crate::oracle::{self, breach};
+use crate::substrate::{LiveResources, ResourceKey, Substrate};
+use crate::trace::WorkStep;
+
+/// The default `orphan_grace`: how long a resource must be seen unowned
+/// before the host destroys it (SPEC §13's default).
+pub const DEFAULT_ORPHAN_GRACE: Duration = Duration::from_secs(30);
+
+/// The default `orphan_scan_interval`: how often the host lists the
+/// substrate's live resources while running.
+pub const DEFAULT_ORPHAN_SCAN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// In which order the host makes a drive durable and hands it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostOrder {
+    /// Commit the drive's change set, then submit its operations (correct;
+    /// SPEC §13, G27).
+    CommitThenSubmit,
+    /// Submit first, commit after — a deliberately wrong host, for the
+    /// kit's own mutation tests (caught as G27).
+    SubmitThenCommit,
+}
+
+/// How the harness host journals, recovers and collects orphans.
+///
+/// The defaults are the correct host. The other settings exist so the
+/// kit's tests can prove the oracle notices a wrong host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostOptions {
+    /// Commit before submit (default) or the reverse.
+    pub order: HostOrder,
+    /// Whether orphans are destroyed at all (default: yes; `false` is a
+    /// mutation, caught as G28).
+    pub collect_orphans: bool,
+    /// How long a resource must be seen unowned before it is destroyed.
+    pub orphan_grace: Duration,
+    /// How often the live resources are listed while running.
+    pub orphan_scan_interval: Duration,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions {
+            order: HostOrder::CommitThenSubmit,
+            collect_orphans: true,
+            orphan_grace: DEFAULT_ORPHAN_GRACE,
+            orphan_scan_interval: DEFAULT_ORPHAN_SCAN_INTERVAL,
+        }
+    }
+}
+
+/// Collects a drive's operations so they are submitted only after the
+/// drive's changes are committed.
+#[derive(Default)]
+pub(super) struct Batch {
+    pub(super) operations: Vec<Operation>,
+    pub(super) retired: Vec<NodeAttemptId>,
+}
+
+impl OperationSink for Batch {
+    fn submit(&mut self, operation: Operation) -> Result<(), SubmitError> {
+        self.operations.push(operation);
+        Ok(())
+    }
+
+    fn attempt_retired(&mut self, attempt: NodeAttemptId) {
+        self.retired.push(attempt);
+    }
+}
+
+/// One call that passed the wrapper into the substrate's backend.
+#[derive(Clone, Debug)]
+pub(super) struct CallStart {
+    pub(super) op: OperationId,
+    pub(super) node: LogicalNodeId,
+    pub(super) kind: EffectKind,
+    /// Whether the operation was committed as pending before the call.
+    pub(super) committed: bool,
+    /// Calls of the same attempt from dead controllers still in the backend.
+    pub(super) zombies: u32,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct ControlState {
+    /// The epoch of the live controller.
+    live_epoch: u64,
+    /// Every operation some commit held pending.
+    committed: BTreeSet<OperationId>,
+    /// Calls started since the harness last looked.
+    starts: Vec<CallStart>,
+    /// Calls in the backend, per attempt: (epoch, operation).
+    in_flight: BTreeMap<NodeAttemptId, Vec<(u64, OperationId)>>,
+    /// Keys a zombie call created a resource for.
+    zombie_created: BTreeSet<ResourceKey>,
+}
+
+/// What the controller wrappers of one run share with the harness.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Control {
+    state: Arc<Mutex<ControlState>>,
+}
+
+impl Control {
+    pub(super) fn lock(&self) -> MutexGuard<'_, ControlState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The backend under one controller life's executor: the substrate's
+/// backend, seen through the G27 check and the crash boundary.
+pub(super) struct ControllerBackend<B: EffectBackend> {
+    inner: Arc<B>,
+    epoch: u64,
+    control: Control,
+}
+
+impl<B: EffectBackend> ControllerBackend<B> {
+    pub(super) fn new(inner: Arc<B>, control: &Control) -> Self {
+        let epoch = control.lock().live_epoch;
+        ControllerBackend {
+            inner,
+            epoch,
+            control: control.clone(),
+        }
+    }
+}
+
+struct InFlight {
+    control: Control,
+    attempt: NodeAttemptId,
+    epoch: u64,
+    op: OperationId,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut state = self.control.lock();
+        if let Some(calls) = state.in_flight.get_mut(&self.attempt) {
+            calls.retain(|call| *call != (self.epoch, self.op));
+            if calls.is_empty() {
+                state.in_flight.remove(&self.attempt);
+            }
+        }
+    }
+}
+
+impl<B: EffectBackend> EffectBackend for ControllerBackend<B> {
+    fn execute<'a>(
+        &'a self,
+        operation: &'a Operation,
+    ) -> BoxFuture<'a, Result<EffectOutput, EffectError>> {
+        Box::pin(async move {
+            let attempt = operation.attempt();
+            let in_flight = {
+                let mut state = self.control.lock();
+                if state.live_epoch != self.epoch {
+                    // Queued work of a dead controller: it died with it.
+                    return Err(EffectError::definite("the controller died"));
+                }
+                let committed = state.committed.contains(&operation.id);
+                let zombies = state.in_flight.get(&attempt).map_or(0, |calls| {
+                    calls
+                        .iter()
+                        .filter(|(epoch, _)| *epoch != self.epoch)
+                        .count()
+                });
+                state.starts.push(CallStart {
+                    op: operation.id,
+                    node: operation.node.clone(),
+                    kind: operation.kind(),
+                    committed,
+                    zombies: u32::try_from(zombies).unwrap_or(u32::MAX),
+                });
+                state
+                    .in_flight
+                    .entry(attempt)
+                    .or_default()
+                    .push((self.epoch, operation.id));
+                InFlight {
+                    control: self.control.clone(),
+                    attempt,
+                    epoch: self.epoch,
+                    op: operation.id,
+                }
+            };
+            let outcome = self.inner.execute(operation).await;
+            drop(in_flight);
+            let mut state = self.control.lock();
+            if state.live_epoch != self.epoch {
+                let created = matches!(
+                    outcome,
+                    Ok(EffectOutput::LeaseCreated { adopted: false, .. }
+                        | EffectOutput::BootstrapStarted { adopted: false, .. })
+                );
+                if created {
+                    state
+                        .zombie_created
+                        .insert((operation.node.clone(), attempt));
+                }
+            }
+            outcome
+        })
+    }
+}
+
+/// What the durable side of one run keeps.
+#[derive(Debug)]
+pub(super) struct DurableSide {
+    pub(super) control: Control,
+    /// A crash input is waiting for its wake.
+    pub(super) crash_armed: bool,
+    /// Crashes that happened.
+    pub(super) crashes: u64,
+    /// Create/start operations recovery made ambiguous, by attempt.
+    pub(super) recovered_ambiguous: BTreeSet<(NodeAttemptId, EffectKind)>,
+    /// The host's orphan suspects: key → first seen unowned.
+    pub(super) suspects: BTreeMap<ResourceKey, Timestamp>,
+    /// The oracle's own sample: key → first observed unowned.
+    pub(super) observed_orphans: BTreeMap<ResourceKey, Timestamp>,
+    /// When the host lists the live resources next.
+    pub(super) next_scan_at: Timestamp,
+    /// When faults stopped (the fair tail began).
+    pub(super) faults_stopped_at: Option<Timestamp>,
+    /// Late results the executors of dead controllers dropped.
+    pub(super) late_dropped_before: u64,
+}
+
+impl DurableSide {
+    pub(super) fn new(now: Timestamp, options: &HostOptions) -> Self {
+        DurableSide {
+            control: Control::default(),
+            crash_armed: false,
+            crashes: 0,
+            recovered_ambiguous: BTreeSet::new(),
+            suspects: BTreeMap::new(),
+            observed_orphans: BTreeMap::new(),
+            next_scan_at: now.saturating_add(options.orphan_scan_interval),
+            faults_stopped_at: None,
+            late_dropped_before: 0,
+        }
+    }
+
+    /// The guarantee to report for a breach of `guarantee` once a crash
+    /// happened: an attempt id reused after a crash is G26's.
+    pub(super) fn relabel(&self, guarantee: GuaranteeId, detail: String) -> (GuaranteeId, String) {
+        // G08, G21 and G23 keep their own ids after a crash: they are the
+        // same guarantees (G26 names them), and a defect that breaks them
+        // shrinks to the same id with or without the crash.
+        let covered = guarantee == GuaranteeId::Identity;
+        if self.crashes > 0 && covered {
+            (
+                GuaranteeId::CrashSafety,
+                format!(
+                    "after {} controller crash(es), {} broken: {detail}",
+                    self.crashes,
+                    guarantee.id()
+                ),
+            )
+        } else {
+            (guarantee, detail)
+        }
+    }
+}
+
+impl<S: Substrate> Harness<S> {
+    /// A violation of `guarantee`, relabelled as G26 after a crash where G26
+    /// covers it.
+    pub(super) fn crash_aware(&self, guarantee: GuaranteeId, detail: String) -> Violation {
+        let (guarantee, detail) = self.durable.relabel(guarantee, detail);
+        self.violation(breach(guarantee, detail))
+    }
+
+    /// Whether the substrate survives a controller crash (crash inputs and
+    /// orphan collection apply only then).
+    pub(super) fn crash_capable(&self) -> bool {
+        self.substrate.survives_controller_crash()
+    }
+
+    /// Builds the executor of the current controller life.
+    pub(super) fn controller_executor(
+        substrate: &S,
+        control: &Control,
+    ) -> IdempotentEffectExecutor<ControllerBackend<S::Backend>> {
+        let backend = ControllerBackend::new(substrate.backend(), control);
+        IdempotentEffectExecutor::new(Arc::new(backend), substrate.spawner())
+    }
+
+    /// Commits the driver's changes since the last commit. On failure the
+    /// driver tracks everything again, so the next commit rewrites it all.
+    fn commit(&mut self) -> Result<(), String> {
+        let changes: ChangeSet = self.driver.take_changes(self.now);
+        if changes.is_empty() {
+            return Ok(());
+        }
+        match self.journal.commit(&changes) {
+            Ok(()) => {
+                let mut control = self.durable.control.lock();
+                for entry in &changes.upserts {
+                    if let Some(pending) = &entry.node.pending {
+                        control.committed.insert(pending.id);
+                    }
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.driver.track_changes();
+                Err(error)
+            }
+        }
+    }
+
+    /// Makes a drive durable and hands its operations out, in the host's
+    /// order; an armed crash fires between the two steps.
+    pub(super) fn hand_out(&mut self, batch: Batch) -> Result<(), Violation> {
+        let crash_now = self.durable.crash_armed && !batch.operations.is_empty();
+        match self.options.host.order {
+            HostOrder::CommitThenSubmit => {
+                let committed = self.commit();
+                if crash_now {
+                    return self.crash_mid_wake();
+                }
+                self.submit_batch(batch, committed)
+            }
+            HostOrder::SubmitThenCommit => {
+                self.submit_batch(batch, Ok(()))?;
+                if crash_now {
+                    return self.crash_mid_wake();
+                }
+                // Too late to hold anything back if it fails.
+                let _ = self.commit();
+                Ok(())
+            }
+        }
+    }
+
+    fn submit_batch(
+        &mut self,
+        batch: Batch,
+        committed: Result<(), String>,
+    ) -> Result<(), Violation> {
+        for attempt in batch.retired {
+            self.executor.retire(attempt);
+        }
+        for operation in batch.operations {
+            let refused = match &committed {
+                Ok(()) => match self.executor.submit(operation.clone()) {
+                    Ok(_) => continue,
+                    Err(refused) => format!("submission refused: {refused}"),
+                },
+                Err(error) => format!("the journal could not be written: {error}"),
+            };
+            let result = ExecutorResult {
+                op: operation.id,
+                node: operation.node.clone(),
+                kind: operation.kind(),
+                outcome: Err(EffectError::definite(refused)),
+            };
+            self.deliver_result(result)?;
+        }
+        Ok(())
+    }
+
+    /// The armed crash fires: the backend runs whatever work reached it,
+    /// then the controller dies and is recovered.
+    fn crash_mid_wake(&mut self) -> Result<(), Violation> {
+        self.substrate.run_work(WorkStep::Fifo);
+        self.check_calls()?;
+        self.crash()
+    }
+
+    /// The controller dies now and a new one is recovered from the journal.
+    pub(super) fn crash(&mut self) -> Result<(), Violation> {
+        self.durable.crash_armed = false;
+        let stored = match self.journal.load() {
+            Ok(Some(stored)) => stored,
+            Ok(None) => {
+                return Err(self.violation(breach(
+                    GuaranteeId::CrashSafety,
+                    format!(
+                        "the controller crashed, and the {} journal holds nothing to recover from (does the driver under test journal its changes?)",
+                        self.journal.name()
+                    ),
+                )));
+            }
+            Err(error) => {
+                return Err(self.violation(breach(
+                    GuaranteeId::CrashSafety,
+                    format!(
+                        "the {} journal cannot be read after a crash: {error}",
+                        self.journal.name()
+                    ),
+                )));
+            }
+        };
+        let pending: Vec<(LogicalNodeId, PendingOperation)> = stored
+            .nodes
+            .iter()
+            .filter_map(|e| e.node.pending.clone().map(|p| (e.node.node.clone(), p)))
+            .collect();
+        let (driver, _report) = match (self.recovery)(&self.setup, stored, self.now) {
+            Ok(recovered) => recovered,
+            Err(RecoveryError::Clock(_)) => {
+                // G13's edge: a clock at its end cannot take the recovered
+                // deadlines. The error is the right answer; this controller
+                // then simply does not crash.
+                self.edges_reached = true;
+                return Ok(());
+            }
+            Err(error) => {
+                return Err(self.violation(breach(
+                    GuaranteeId::CrashSafety,
+                    format!("recovery from the committed state failed: {error}"),
+                )));
+            }
+        };
+        // The controller dies: its executor (queued work, undelivered
+        // results) and every undelivered observation are lost; calls already
+        // in the backend go on there.
+        self.durable.crashes += 1;
+        self.vacuity.crashes += 1;
+        self.durable.late_dropped_before += self.executor.counters().late_dropped;
+        self.durable.control.lock().live_epoch += 1;
+        let _lost = self.substrate.take_observations();
+        self.executor = Harness::controller_executor(&self.substrate, &self.durable.control);
+        self.driver = driver;
+        self.check(oracle::g26_recovery_made_pending_ambiguous(
+            self.driver.state(),
+            &pending,
+        ))?;
+        self.durable.recovered_ambiguous = pending
+            .iter()
+            .filter(|(_, p)| matches!(p.kind, EffectKind::CreateLease | EffectKind::StartBootstrap))
+            .map(|(_, p)| (p.id.attempt(), p.kind))
+            .collect();
+        if self.options.narrate {
+            self.narration.push(format!(
+                "   crash #{}: recovered {} node(s), {} pending made ambiguous",
+                self.durable.crashes,
+                self.driver.state().nodes.len(),
+                pending.len()
+            ));
+        }
+        // The real `up` applies the shape file again: a newer shape than the
+        // journal's is submitted again.
+        if self.driver.desired().generation().get() < self.generation {
+            let shape = self.model.shape(self.generation);
+            let _ = self.driver.update_desired(shape);
+        }
+        self.reconcile_listing()?;
+        self.scan_orphans()
+    }
+
+    /// After recovery: a journaled lease of a node's current attempt that is
+    /// no longer live means the node is lost.
+    fn reconcile_listing(&mut self) -> Result<(), Violation> {
+        let live = self.substrate.live_resources();
+        let lost: Vec<(LogicalNodeId, NodeAttemptId)> = self
+            .driver
+            .state()
+            .nodes
+            .iter()
+            .filter(|(id, node)| {
+                let leased = node
+                    .record
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.attempt == node.attempt);
+                leased
+                    && node.record.stage != provisioning::NodeStage::Destroyed
+                    && live
+                        .leases
+                        .get(&((*id).clone(), node.attempt))
+                        .is_none_or(|n| *n == 0)
+            })
+            .map(|(id, node)| (id.clone(), node.attempt))
+            .collect();
+        for (node, attempt) in lost {
+            self.deliver_observation(Observation::NodeLost {
+                node,
+                attempt,
+                cause: LossCause::LeaseGone,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The live keys no node's current attempt owns.
+    fn unowned(&self, live: &LiveResources) -> BTreeSet<ResourceKey> {
+        let state = self.driver.state();
+        live.leases
+            .iter()
+            .chain(live.sessions.iter())
+            .filter(|(key, count)| **count > 0 && !oracle::owned(state, key))
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
+    /// Lists the live resources: unowned ones become suspects (or stay
+    /// suspects), owned or vanished ones stop being suspects; then collects.
+    fn scan_orphans(&mut self) -> Result<(), Violation> {
+        if !self.crash_capable() {
+            return Ok(());
+        }
+        let unowned = self.unowned(&self.substrate.live_resources());
+        let now = self.now;
+        self.durable.suspects.retain(|key, _| unowned.contains(key));
+        for key in unowned {
+            self.durable.suspects.entry(key).or_insert(now);
+        }
+        self.collect_orphans()
+    }
+
+    /// Destroys every suspect seen unowned for `orphan_grace`, checking
+    /// again first that no current attempt owns it.
+    fn collect_orphans(&mut self) -> Result<(), Violation> {
+        if !self.options.host.collect_orphans {
+            return Ok(());
+        }
+        let grace = self.options.host.orphan_grace;
+        let due: Vec<ResourceKey> = self
+            .durable
+            .suspects
+            .iter()
+            .filter(|(_, since)| self.now.reached(since.saturating_add(grace)))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in due {
+            self.durable.suspects.remove(&key);
+            let unowned = self.unowned(&self.substrate.live_resources());
+            if !unowned.contains(&key) {
+                continue;
+            }
+            self.check(oracle::g28_never_an_owned_resource(
+                self.driver.state(),
+                &key,
+            ))?;
+            if self.substrate.destroy_orphan(&key) {
+                self.vacuity.orphans_collected += 1;
+            }
+        }
+        self.check_calls()
+    }
+
+    /// At a host wake: a periodic scan when one is due, and the collection
+    /// of suspects whose grace ran out.
+    pub(super) fn orphan_wake(&mut self) -> Result<(), Violation> {
+        if !self.crash_capable() {
+            return Ok(());
+        }
+        if self.now.reached(self.durable.next_scan_at) {
+            let interval = self
+                .options
+                .host
+                .orphan_scan_interval
+                .max(Duration::from_millis(1));
+            self.durable.next_scan_at = self.now.saturating_add(interval);
+            return self.scan_orphans();
+        }
+        if self.durable.suspects.is_empty() {
+            return Ok(());
+        }
+        self.collect_orphans()
+    }
+
+    /// When the host next does something about orphans, if anything is
+    /// (or may be) unowned.
+    pub(super) fn next_orphan_event(&self) -> Option<Timestamp> {
+        if self.durable.observed_orphans.is_empty() && self.durable.suspects.is_empty() {
+            return None;
+        }
+        let grace = self.options.host.orphan_grace;
+        let collect = self
+            .durable
+            .suspects
+            .values()
+            .map(|since| since.saturating_add(grace))
+            .min();
+        Some(collect.map_or(self.durable.next_scan_at, |c| {
+            c.min(self.durable.next_scan_at)
+        }))
+    }
+
+    /// The oracle's orphan sample after an input or tail round: what is
+    /// unowned now, since when it was seen so, and G28's bound once faults
+    /// stopped.
+    pub(super) fn check_orphans(&mut self, live: &LiveResources) -> Result<(), Violation> {
+        if !self.crash_capable() {
+            return Ok(());
+        }
+        let unowned = self.unowned(live);
+        let now = self.now;
+        {
+            // An orphan needs a cause: a call of a dead controller that made
+            // it after the crash. Any other unowned resource is a provider's
+            // leak (a destroy that did not take, a definite failure that
+            // left something) — G23's, even before convergence.
+            let control = self.durable.control.lock();
+            let leak = unowned
+                .iter()
+                .find(|key| !control.zombie_created.contains(*key))
+                .cloned();
+            drop(control);
+            if let Some((node, attempt)) = leak {
+                return Err(self.violation(breach(
+                    GuaranteeId::ConvergedLeaksNothing,
+                    format!(
+                        "{node}/{attempt} is live, but no node's current attempt owns it and no call of a crashed controller made it: leaked (live: {live})"
+                    ),
+                )));
+            }
+        }
+        let observed = &mut self.durable.observed_orphans;
+        observed.retain(|key, _| unowned.contains(key));
+        for key in unowned {
+            observed.entry(key).or_insert(now);
+        }
+        let Some(stopped) = self.durable.faults_stopped_at else {
+            return Ok(());
+        };
+        let bound = self
+            .options
+            .host
+            .orphan_grace
+            .saturating_add(self.options.host.orphan_scan_interval);
+        self.check(oracle::g28_orphans_collected_in_time(
+            &self.durable.observed_orphans,
+            stopped,
+            bound,
+            now,
+        ))
+    }
+
+    /// Whether a live resource left by a dead controller's call explains a
+    /// G08 sample or alarm about `node` (an orphan, G28's business).
+    pub(super) fn zombie_slots(&self) -> BTreeSet<LogicalNodeId> {
+        let state = self.driver.state();
+        self.durable
+            .control
+            .lock()
+            .zombie_created
+            .iter()
+            .filter(|key| !oracle::owned(state, key))
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+
+    /// The calls that passed the wrapper since the last look, and the
+    /// zombie count per operation for G05.
+    pub(super) fn take_call_starts(&mut self) -> (Vec<CallStart>, BTreeMap<OperationId, u32>) {
+        let starts = std::mem::take(&mut self.durable.control.lock().starts);
+        let zombies = starts.iter().map(|s| (s.op, s.zombies)).collect();
+        (starts, zombies)
+    }
+
+    /// G27 for calls that passed the wrapper.
+    pub(super) fn check_committed(&self, starts: &[CallStart]) -> Result<(), Violation> {
+        for start in starts {
+            self.check(oracle::g27_committed_before_the_call(
+                &start.op,
+                &start.node,
+                start.kind,
+                start.committed,
+            ))?;
+        }
+        Ok(())
+    }
+}
