@@ -129,6 +129,11 @@ pub(crate) enum Request {
     },
     /// Tear down and answer once done.
     Down,
+    /// Close a group's breaker now.
+    Resume {
+        /// The group.
+        group: String,
+    },
 }
 
 /// The answer of a running `up`.
@@ -151,6 +156,11 @@ pub(crate) enum Response {
         clean: bool,
         /// Nodes still managed when the host stopped.
         remaining_nodes: usize,
+    },
+    /// A breaker was closed.
+    Resumed {
+        /// Whether it was open.
+        was_open: bool,
     },
     /// The request failed.
     Error {
@@ -270,6 +280,17 @@ async fn respond(request: Request, handle: &HostHandle, providers: &[&'static st
                     Err(error) => Response::Error {
                         message: error.to_string(),
                     },
+                },
+            }
+        }
+        Request::Resume { group } => {
+            match handle
+                .resume(provisioning::GroupId::new(group.as_str()))
+                .await
+            {
+                Ok(was_open) => Response::Resumed { was_open },
+                Err(error) => Response::Error {
+                    message: error.to_string(),
                 },
             }
         }

@@ -52,8 +52,10 @@ impl Console {
             Some(bars) => View::Live(LiveView::new(bars.clone())),
             None => View::Plain(PlainView::default()),
         };
+        let mut paused: BTreeMap<String, String> = BTreeMap::new();
         loop {
             let snapshot = progress.borrow_and_update().clone();
+            self.breaker_events(&mut paused, &snapshot);
             match &mut view {
                 View::Live(live) => live.show(&snapshot),
                 View::Plain(plain) => plain.show(self, &snapshot),
@@ -64,6 +66,28 @@ impl Console {
         }
         if let View::Live(live) = view {
             live.finish();
+        }
+    }
+}
+
+impl Console {
+    /// One line when a group's breaker opens or closes.
+    fn breaker_events(&self, paused: &mut BTreeMap<String, String>, snapshot: &StatusSnapshot) {
+        for group in &snapshot.groups {
+            match (&group.paused, paused.get(&group.id)) {
+                (Some(reason), None) => {
+                    self.line(format!(
+                        "{reason} (it retries after a cool-down; `provision resume {}` retries now)",
+                        group.id
+                    ));
+                    paused.insert(group.id.clone(), reason.clone());
+                }
+                (None, Some(_)) => {
+                    self.line(format!("group {} resumed", group.id));
+                    paused.remove(&group.id);
+                }
+                _ => {}
+            }
         }
     }
 }
@@ -274,6 +298,9 @@ pub(crate) fn status_table(snapshot: &StatusSnapshot) -> String {
             "group {:<16} {}/{} ready  (provider {})",
             group.id, group.ready, group.desired, group.provider
         );
+        if let Some(reason) = &group.paused {
+            let _ = writeln!(out, "  {reason}");
+        }
     }
     let _ = writeln!(
         out,

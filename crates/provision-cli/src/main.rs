@@ -103,6 +103,15 @@ enum Command {
         #[arg(long, default_value_t = DEFAULT_DOWN_TIMEOUT_SECS, value_name = "SECS")]
         timeout: u64,
     },
+    /// Closes the breaker of GROUP in a running `up`: the group starts new
+    /// attempts again at once.
+    Resume {
+        /// The group.
+        group: String,
+        /// The run (needed only when several are up).
+        #[arg(long)]
+        run: Option<String>,
+    },
     /// Checks a shape file without starting anything.
     Validate {
         /// The shape file (TOML).
@@ -203,6 +212,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Down { run, timeout } => {
             runtime()?.block_on(down(&location, &state, run, Duration::from_secs(timeout)))
         }
+        Command::Resume { group, run } => runtime()?.block_on(resume(&location, run, group)),
         Command::Validate { file } => Ok(validate(&file)),
         Command::Conformance { plugin, junit } => {
             runtime()?.block_on(conformance::run(&plugin, junit.as_deref()))
@@ -406,6 +416,37 @@ async fn down(
                 "teardown was forced with {remaining_nodes} node(s) left to the provider's cleanup\n"
             ));
             Ok(ExitCode::from(EXIT_FAILURE))
+        }
+        other => unexpected(other),
+    }
+}
+
+async fn resume(
+    location: &SocketLocation,
+    run: Option<String>,
+    group: String,
+) -> anyhow::Result<ExitCode> {
+    let socket = location.find(run.as_deref()).map_err(anyhow::Error::msg)?;
+    let request = Request::Resume {
+        group: group.clone(),
+    };
+    match control::ask(&socket, &request, control::CLIENT_TIMEOUT)
+        .await
+        .map_err(anyhow::Error::msg)?
+    {
+        Response::Resumed { was_open: true } => {
+            print(&format!(
+                "group {group} resumed: new attempts start again\n"
+            ));
+            Ok(ExitCode::SUCCESS)
+        }
+        Response::Resumed { was_open: false } => {
+            print(&format!("group {group} was not paused; nothing changed\n"));
+            Ok(ExitCode::SUCCESS)
+        }
+        Response::Error { message } => {
+            eprintln!("error: {message}");
+            Ok(ExitCode::from(EXIT_INVALID_INPUT))
         }
         other => unexpected(other),
     }

@@ -44,8 +44,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use provisioning::{
-    BootParams, ClusterShape, DesiredState, Generation, GroupId, NodeGroup, NodeTemplate,
-    ProviderShape, RunId, ShapeError, SwarmJoinTemplate,
+    BootParams, BreakerPolicy, ClusterShape, DesiredState, Generation, GroupId, Limits,
+    MaxUnavailable, NodeGroup, NodeTemplate, ProviderShape, RunId, ShapeError, SwarmJoinTemplate,
 };
 use serde::Deserialize;
 use toml::Spanned;
@@ -63,6 +63,19 @@ pub(crate) const DEFAULT_SWARM: &str = "main";
 /// string) that an error echoes; longer values are cut to this many,
 /// followed by `… (N characters)`. Valid names have at most 63.
 pub(crate) const ECHO_CHARS_MAX: usize = 64;
+
+/// How many ready nodes of a group a drift rollout may take down at once
+/// unless the group says otherwise. One: replacement is delete-then-create,
+/// so one at a time keeps every other node serving during a rollout, and a
+/// bad new spec (caught by the breaker) costs one node, not the group.
+pub(crate) const DEFAULT_MAX_UNAVAILABLE: u32 = 1;
+
+/// Consecutive failed attempts after which a group pauses, unless it says
+/// otherwise (`breaker_failures = 0` turns the breaker off).
+pub(crate) const DEFAULT_BREAKER_FAILURES: u32 = 5;
+
+/// How long a paused group waits before it lets one probe attempt start.
+pub(crate) const DEFAULT_BREAKER_COOLDOWN_SECS: u64 = 60;
 
 /// The most characters of an error's message, whatever it quotes.
 pub(crate) const MESSAGE_CHARS_MAX: usize = 1024;
@@ -192,6 +205,8 @@ pub(crate) struct ShapeSource {
     pub(crate) groups: Vec<NodeGroup>,
     /// Settings of the embedded local-process provider.
     pub(crate) process: ProcessSettings,
+    /// Launch caps, rollout budgets and breakers.
+    pub(crate) limits: Limits,
 }
 
 /// How the embedded provider runs its agents (`[providers.process]`). Read
@@ -252,6 +267,8 @@ struct FileProcessProvider {
     #[serde(default)]
     agents: FileAgents,
     #[serde(default)]
+    max_concurrent_creates: Option<Spanned<u32>>,
+    #[serde(default)]
     log_dir: Option<Spanned<String>>,
 }
 
@@ -279,6 +296,20 @@ struct FileGroup {
     boot: FileBoot,
     #[serde(default)]
     swarm_join: FileSwarmJoin,
+    #[serde(default)]
+    max_unavailable: Option<Spanned<FileBudget>>,
+    #[serde(default)]
+    breaker_failures: Option<u32>,
+    #[serde(default)]
+    breaker_cooldown_secs: Option<Spanned<u64>>,
+}
+
+/// `max_unavailable = 2` or `max_unavailable = "25%"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum FileBudget {
+    Count(u32),
+    Text(String),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -405,8 +436,23 @@ pub(crate) fn parse(
     let document = deserialize(&at)?;
     let run_id = RunId::new(document.run.get_ref().as_str());
     let mut groups = Vec::with_capacity(document.groups.len());
+    let mut limits = Limits::default();
     for (index, group) in document.groups.iter().enumerate() {
-        groups.push(check_group(&at, index, group, &run_id, providers)?);
+        let checked = check_group(&at, index, group, &run_id, providers)?;
+        group_limits(&at, index, group.get_ref(), &checked.id, &mut limits)?;
+        groups.push(checked);
+    }
+    if let Some(cap) = &document.providers.process.max_concurrent_creates {
+        if *cap.get_ref() == 0 {
+            return Err(at.error(
+                Some(cap.span()),
+                Some("providers.process.max_concurrent_creates".to_owned()),
+                "max_concurrent_creates must be at least 1 (leave it out for no cap)".to_owned(),
+            ));
+        }
+        limits
+            .max_concurrent_creates
+            .insert(DEFAULT_PROVIDER.to_owned(), *cap.get_ref());
     }
     let shape = ClusterShape {
         run_id: run_id.clone(),
@@ -438,6 +484,7 @@ pub(crate) fn parse(
         path: path.to_owned(),
         run_id,
         groups: shape.groups,
+        limits,
         process: ProcessSettings {
             detached,
             log_dir: process.log_dir.as_ref().map(|d| PathBuf::from(d.get_ref())),
@@ -476,6 +523,70 @@ fn field_path(path: &serde_path_to_error::Path) -> Option<String> {
         }
     }
     (!text.is_empty()).then_some(text)
+}
+
+/// The rollout budget and breaker of one group.
+fn group_limits(
+    at: &Locator<'_>,
+    index: usize,
+    group: &FileGroup,
+    id: &GroupId,
+    limits: &mut Limits,
+) -> Result<(), ShapeFileError> {
+    let budget = match &group.max_unavailable {
+        None => MaxUnavailable::Count(DEFAULT_MAX_UNAVAILABLE),
+        Some(spanned) => {
+            let bad = |why: &str| {
+                at.error(
+                    Some(spanned.span()),
+                    Some(format!("group[{index}].max_unavailable")),
+                    format!("max_unavailable {why}: give a count of at least 1 or a percentage such as \"25%\""),
+                )
+            };
+            match spanned.get_ref() {
+                FileBudget::Count(0) => return Err(bad("is 0, so a rollout could never start")),
+                FileBudget::Count(n) => MaxUnavailable::Count(*n),
+                FileBudget::Text(text) => {
+                    let percent = text
+                        .strip_suffix('%')
+                        .and_then(|p| p.trim().parse::<u32>().ok())
+                        .filter(|p| (1..=100).contains(p))
+                        .ok_or_else(|| {
+                            bad(&format!(
+                                "{} is not a percentage from 1% to 100%",
+                                echo(text)
+                            ))
+                        })?;
+                    MaxUnavailable::Percent(percent)
+                }
+            }
+        }
+    };
+    limits.max_unavailable.insert(id.clone(), budget);
+    let failures = group.breaker_failures.unwrap_or(DEFAULT_BREAKER_FAILURES);
+    let cooldown = group
+        .breaker_cooldown_secs
+        .as_ref()
+        .map_or(DEFAULT_BREAKER_COOLDOWN_SECS, |c| *c.get_ref());
+    if let Some(spanned) = &group.breaker_cooldown_secs {
+        if *spanned.get_ref() == 0 {
+            return Err(at.error(
+                Some(spanned.span()),
+                Some(format!("group[{index}].breaker_cooldown_secs")),
+                "breaker_cooldown_secs must be at least 1".to_owned(),
+            ));
+        }
+    }
+    if failures > 0 {
+        limits.breakers.insert(
+            id.clone(),
+            BreakerPolicy {
+                failures,
+                cooldown: std::time::Duration::from_secs(cooldown),
+            },
+        );
+    }
+    Ok(())
 }
 
 fn check_group(
@@ -744,6 +855,49 @@ swarm = "jobs"
             error.contains("only used with agents = \"detached\""),
             "{error}"
         );
+    }
+
+    #[test]
+    fn limits_default_to_one_unavailable_and_a_breaker_of_five_and_can_be_set() {
+        let source = parse_text(GOOD).unwrap();
+        let first = &source.groups[0].id;
+        assert_eq!(
+            source.limits.max_unavailable[first],
+            MaxUnavailable::Count(1)
+        );
+        assert_eq!(
+            source.limits.breakers[first].failures,
+            DEFAULT_BREAKER_FAILURES
+        );
+        assert!(
+            source.limits.max_concurrent_creates.is_empty(),
+            "no cap for process"
+        );
+        let text = "run = \"r\"\n[providers.process]\nmax_concurrent_creates = 4\n[[group]]\nid = \"a\"\ncount = 8\nmax_unavailable = \"25%\"\nbreaker_failures = 0\n[[group]]\nid = \"b\"\ncount = 1\nmax_unavailable = 3\nbreaker_cooldown_secs = 9\n";
+        let limits = parse_text(text).unwrap().limits;
+        assert_eq!(limits.max_concurrent_creates["process"], 4);
+        let (a, b) = (GroupId::new("a"), GroupId::new("b"));
+        assert_eq!(limits.max_unavailable[&a], MaxUnavailable::Percent(25));
+        assert_eq!(limits.max_unavailable[&b], MaxUnavailable::Count(3));
+        assert!(!limits.breakers.contains_key(&a), "0 turns the breaker off");
+        assert_eq!(
+            limits.breakers[&b].cooldown,
+            std::time::Duration::from_secs(9)
+        );
+        for (bad, field) in [
+            ("max_unavailable = 0", "max_unavailable"),
+            ("max_unavailable = \"150%\"", "max_unavailable"),
+            ("max_unavailable = \"half\"", "max_unavailable"),
+            ("breaker_cooldown_secs = 0", "breaker_cooldown_secs"),
+        ] {
+            let text = format!("run = \"r\"\n[[group]]\nid = \"a\"\ncount = 1\n{bad}\n");
+            let error = parse_text(&text).unwrap_err().to_string();
+            assert!(error.starts_with("shape.toml:5:"), "{bad}: {error}");
+            assert!(
+                error.contains(&format!("group[0].{field}")),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

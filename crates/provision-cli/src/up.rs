@@ -98,6 +98,7 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
         &source.run_id,
         secret,
         &source.process,
+        source.limits.clone(),
         durability,
         options.shutdown_timeout,
     )
@@ -188,11 +189,13 @@ async fn start_host(
     run_id: &RunId,
     secret: provisioning_process::RunSecret,
     settings: &shape_file::ProcessSettings,
+    limits: provisioning::Limits,
     durability: Durability,
     shutdown_timeout: Duration,
 ) -> anyhow::Result<Host> {
     let plugins = local::start_plugins(run_id, secret, settings).await?;
     let mut config = HostConfig::new(run_id.clone());
+    config.limits = limits;
     config.policy = local::retry_policy();
     config.shutdown_deadline = shutdown_timeout;
     Ok(Host::start_durable(config, plugins, durability)?)
@@ -253,7 +256,8 @@ pub(crate) async fn down_from_state(
     // whatever the setting; agents started from here on (none: this is a
     // teardown) would die with this process.
     let settings = shape_file::ProcessSettings::default();
-    let host = start_host(&run_id, secret, &settings, durability, timeout).await?;
+    let limits = provisioning::Limits::default();
+    let host = start_host(&run_id, secret, &settings, limits, durability, timeout).await?;
     let report = host.handle().shutdown().await;
     host.join().await;
     Ok(match report.outcome {
@@ -323,7 +327,12 @@ async fn apply_edit(path: &Path, text: &str, handle: &HostHandle, console: &Cons
             return true;
         }
     };
-    match handle.apply_revision(source.run_id, source.groups).await {
+    let limits = source.limits.clone();
+    let outcome = handle.apply_revision(source.run_id, source.groups).await;
+    if outcome.is_ok() && handle.set_limits(limits).await.is_err() {
+        return false;
+    }
+    match outcome {
         Ok(AppliedRevision::Applied { generation }) => {
             console.line(format!(
                 "{}: edit applied as generation {generation}",

@@ -1024,3 +1024,109 @@ fn in_detached_mode_kill_9_at_any_point_of_a_bring_up_ends_with_exactly_the_desi
     assert_eq!(cluster.agents(), vec![], "{stdout}");
     assert_eq!(run_pids(&cluster), Vec::<i32>::new());
 }
+
+// ---------------------------------------------------------------------------
+// Operator safety (SPEC §15).
+// ---------------------------------------------------------------------------
+
+fn ready_in(status: &Value, group: &str) -> usize {
+    nodes(status)
+        .into_iter()
+        .filter(|(id, _, _, ready)| id.starts_with(&format!("{group}-")) && *ready)
+        .count()
+}
+
+#[test]
+fn a_drift_edit_with_max_unavailable_2_never_has_more_than_2_of_6_nodes_unready() {
+    let mut cluster = Cluster::new("budget");
+    let run = cluster.run.clone();
+    let text = |start: &str| {
+        format!(
+            "run = \"{}\"\n[[group]]\nid = \"web\"\ncount = 6\nmax_unavailable = 2\n[group.boot]\nstart_command = \"{start}\"\n",
+            run
+        )
+    };
+    cluster.write_text(&text("sleep 3600"));
+    cluster.start();
+    cluster.wait_converged(1);
+    cluster.write_text(&text("sleep 3601"));
+    let deadline = Instant::now() + CONVERGE_BOUND;
+    let mut worst = 0;
+    let mut samples = 0;
+    loop {
+        if let Some(status) = cluster.status() {
+            samples += 1;
+            if status["generation"] == 2 {
+                worst = worst.max(6 - ready_in(&status, "web"));
+                if status["converged"] == Value::Bool(true) {
+                    break;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no convergence\n{}",
+            cluster.up_output()
+        );
+        sleep(Duration::from_millis(20));
+    }
+    assert!(
+        worst <= 2,
+        "{worst} of 6 unready at once (over {samples} samples)"
+    );
+}
+
+#[test]
+fn a_group_whose_boot_check_fails_pauses_and_resume_lets_it_try_again() {
+    let mut cluster = Cluster::new("breaker");
+    let run = cluster.run.clone();
+    let text = |check: &str| {
+        format!(
+            "run = \"{}\"\n[[group]]\nid = \"web\"\ncount = 1\nbreaker_failures = 2\nbreaker_cooldown_secs = 3600\n[group.boot]\nverify_commands = [\"{check}\"]\nstart_command = \"sleep 3600\"\n",
+            run
+        )
+    };
+    cluster.write_text(&text("test -e /no/such/image"));
+    cluster.start();
+    let paused = cluster.wait_for("the breaker to open", |s| {
+        s["groups"][0]["paused"].as_str().is_some()
+    });
+    let reason = paused["groups"][0]["paused"].as_str().unwrap().to_owned();
+    assert!(
+        reason.starts_with("group web paused after 2 failed attempts"),
+        "{reason}"
+    );
+    let table = cluster.run(&["status", "--run", &cluster.run]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("paused after 2 failed attempts"));
+    // While paused, no new attempt starts.
+    let attempts = attempt_of(&paused, "web-0");
+    sleep(Duration::from_secs(3));
+    let still = cluster.status().expect("status");
+    assert_eq!(
+        attempt_of(&still, "web-0"),
+        attempts,
+        "paused: no new attempt"
+    );
+
+    let resume = cluster.run(&["resume", "web", "--run", &cluster.run]);
+    assert!(
+        resume.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resume.stderr)
+    );
+    assert!(String::from_utf8_lossy(&resume.stdout).contains("resumed"));
+    cluster.wait_for("a new attempt after resume", |s| {
+        attempt_of(s, "web-0") > attempts
+    });
+    let unknown = cluster.run(&["resume", "nope", "--run", &cluster.run]);
+    assert_eq!(unknown.status.code(), Some(2));
+
+    // A fixed boot check converges (the edit also closes the breaker).
+    cluster.write_text(&text("true"));
+    cluster.wait_converged(2);
+    assert!(
+        cluster
+            .up_output()
+            .contains("paused after 2 failed attempts")
+    );
+}

@@ -13,7 +13,18 @@
 //! forces a full pass), or shutdown is requested. After every wake it folds
 //! executor results, folds observations, expires operations whose stored
 //! deadline passed, drives the driver until it is blocked, publishes a
-//! snapshot and re-arms the timer.
+//! snapshot when one is due and re-arms the timer.
+//!
+//! # Publishing
+//! A snapshot lists every node, so building one is O(nodes). The loop builds
+//! one only when something changed since the last (the driver's change
+//! tracker says so, or the phase or the orphan bookkeeping moved), and at
+//! most once per [`publish_interval`]: ten times the cost of the last build,
+//! capped at [`PUBLISH_INTERVAL_MAX`]. A small cluster publishes after every
+//! wake as before; a large one spends at most about a tenth of its time
+//! publishing, and a change held back is published when the interval ends
+//! (the loop arms a timer for it), so a subscriber is never more than
+//! [`PUBLISH_INTERVAL_MAX`] behind. Status queries always build a fresh one.
 //!
 //! # Shutdown
 //! A graceful shutdown applies an empty shape at the next generation and
@@ -58,6 +69,21 @@ pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
 /// How many commands may wait for the host loop.
 pub const COMMAND_QUEUE_CAPACITY: usize = 64;
 
+/// The longest a change waits before it is published to subscribers.
+pub const PUBLISH_INTERVAL_MAX: Duration = Duration::from_millis(250);
+
+/// How many times the cost of the last snapshot build the loop waits before
+/// it builds the next one (so publishing takes at most about 1/this of the
+/// loop's time).
+const PUBLISH_COST_FACTOR: u32 = 10;
+
+/// The wait between two published snapshots, after one that cost `cost` to
+/// build: [`PUBLISH_COST_FACTOR`] times it, at most [`PUBLISH_INTERVAL_MAX`].
+pub fn publish_interval(cost: Duration) -> Duration {
+    cost.saturating_mul(PUBLISH_COST_FACTOR)
+        .min(PUBLISH_INTERVAL_MAX)
+}
+
 /// How many plugin observations may wait for the host loop. Past this, an
 /// observation is dropped with a warning and counted; the bound is far above
 /// what a healthy loop lets pile up.
@@ -89,6 +115,8 @@ pub struct HostConfig {
     pub safety_tick: Duration,
     /// The bound on a graceful shutdown.
     pub shutdown_deadline: Duration,
+    /// Launch caps, rollout budgets and breakers (none by default).
+    pub limits: provisioning::Limits,
 }
 
 impl HostConfig {
@@ -99,6 +127,7 @@ impl HostConfig {
             policy: RetryPolicy::default(),
             safety_tick: DEFAULT_SAFETY_TICK,
             shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
+            limits: provisioning::Limits::default(),
         }
     }
 }
@@ -182,6 +211,9 @@ pub enum HostError {
     /// The generation counter is exhausted.
     #[error("no generation is left after {0}")]
     GenerationExhausted(Generation),
+    /// No desired group has that name.
+    #[error("no group {0:?} is desired")]
+    UnknownGroup(String),
     /// Durable state could not be resumed; nothing was started.
     #[error(transparent)]
     Durability(#[from] DurabilityError),
@@ -258,6 +290,14 @@ enum Command {
         run_id: RunId,
         groups: Vec<NodeGroup>,
         reply: oneshot::Sender<Result<PlanReport, HostError>>,
+    },
+    SetLimits {
+        limits: provisioning::Limits,
+        reply: oneshot::Sender<()>,
+    },
+    Resume {
+        group: provisioning::GroupId,
+        reply: oneshot::Sender<Result<bool, HostError>>,
     },
 }
 
@@ -349,6 +389,24 @@ impl HostHandle {
         }
     }
 
+    /// Replaces the limits (launch caps, rollout budgets, breakers) from the
+    /// next pass on.
+    ///
+    /// # Errors
+    /// [`HostError::Stopped`].
+    pub async fn set_limits(&self, limits: provisioning::Limits) -> Result<(), HostError> {
+        self.ask(|reply| Command::SetLimits { limits, reply }).await
+    }
+
+    /// Closes the breaker of `group` at once (`provision resume GROUP`);
+    /// returns whether it was open.
+    ///
+    /// # Errors
+    /// [`HostError::UnknownGroup`]; [`HostError::Stopped`].
+    pub async fn resume(&self, group: provisioning::GroupId) -> Result<bool, HostError> {
+        self.ask(|reply| Command::Resume { group, reply }).await?
+    }
+
     /// What applying `groups` would change against the current state.
     ///
     /// # Errors
@@ -367,8 +425,10 @@ impl HostHandle {
         .await?
     }
 
-    /// Snapshots as the host publishes them (after every wake that changed
-    /// something), for live displays.
+    /// Snapshots as the host publishes them (after a wake that changed
+    /// something, at most once per [`publish_interval`]; a change is never
+    /// held back longer than [`PUBLISH_INTERVAL_MAX`]), for live displays.
+    /// [`HostHandle::status`] answers with a fresh one instead.
     ///
     /// # Caveats
     /// A borrowed snapshot (`borrow()`, or the guard `wait_for` returns) holds
@@ -471,10 +531,12 @@ impl Host {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| HostError::NoRuntime)?;
         let mut resumed = false;
         let (driver, durable) = match durability {
-            None => (
-                ClusterDriver::new(config.run_id.clone(), config.policy)?,
-                None,
-            ),
+            None => {
+                let mut driver = ClusterDriver::new(config.run_id.clone(), config.policy)?;
+                // Only to know when a snapshot is due (see `publish_if_due`).
+                driver.track_changes();
+                (driver, None)
+            }
             Some(mut durability) => {
                 let driver = match durability.resume.take() {
                     Some(stored) => {
@@ -577,6 +639,10 @@ impl Host {
         let (progress_tx, progress) = watch::channel(initial);
         let (finished_tx, finished) = watch::channel(None);
 
+        let mut driver = driver;
+        if config.limits != provisioning::Limits::default() {
+            driver.set_limits(config.limits.clone());
+        }
         let host_loop = HostLoop {
             driver,
             executor: Some(executor),
@@ -596,6 +662,9 @@ impl Host {
             config: config.clone(),
             dropped,
             durable,
+            status_dirty: true,
+            published_at: None,
+            publish_cost: Duration::ZERO,
         };
         let task = runtime.spawn(host_loop.run());
         Ok(Host {
@@ -663,6 +732,12 @@ struct HostLoop {
     config: HostConfig,
     dropped: Arc<AtomicU64>,
     durable: Option<DurableLoop>,
+    /// Something a snapshot shows changed since the last one was published.
+    status_dirty: bool,
+    /// When the last snapshot was published.
+    published_at: Option<Instant>,
+    /// What building the last published snapshot cost.
+    publish_cost: Duration,
 }
 
 /// The journal side of a durable host loop.
@@ -760,6 +835,7 @@ impl HostLoop {
             let again = self.driver.is_queued();
             let teardown = self.teardown_deadline;
             let scan_at = self.durable.as_ref().and_then(|d| d.orphans.next_scan());
+            let publish_at = self.publish_at();
             tokio::select! {
                 biased;
                 changed = self.shutdown_rx.changed(), if shutdown_open => {
@@ -791,6 +867,7 @@ impl HostLoop {
                 () = sleep_until_option(timer), if timer.is_some() => {}
                 report = recv_report(self.durable.as_mut()) => self.on_orphan_report(report),
                 () = sleep_until_option(scan_at), if scan_at.is_some() => self.start_scan(),
+                () = sleep_until_option(publish_at), if publish_at.is_some() => {}
                 _ = tick.tick() => self.driver.trigger(),
                 () = tokio::task::yield_now(), if again => {}
             }
@@ -852,23 +929,33 @@ impl HostLoop {
             }
         }
         match &mut self.durable {
-            None => match self.driver.drive_until_blocked(now, executor) {
-                Ok(report) => {
-                    if report.dispatched > 0 || report.refused > 0 {
-                        tracing::debug!(
-                            passes = report.passes,
-                            dispatched = report.dispatched,
-                            refused = report.refused,
-                            "drove"
-                        );
+            None => {
+                match self.driver.drive_until_blocked(now, executor) {
+                    Ok(report) => {
+                        if report.dispatched > 0 || report.refused > 0 {
+                            tracing::debug!(
+                                passes = report.passes,
+                                dispatched = report.dispatched,
+                                refused = report.refused,
+                                "drove"
+                            );
+                        }
                     }
+                    Err(error) => tracing::warn!("reconcile pass failed: {error}"),
                 }
-                Err(error) => tracing::warn!("reconcile pass failed: {error}"),
-            },
+                // Nothing is journaled: the changes only say a snapshot is due.
+                if self.driver.has_changes() {
+                    self.status_dirty = true;
+                    let _ = self.driver.take_changes(now);
+                }
+            }
             Some(durable) => {
                 let mut batch = Batch::default();
                 if let Err(error) = self.driver.drive_until_blocked(now, &mut batch) {
                     tracing::warn!("reconcile pass failed: {error}");
+                }
+                if self.driver.has_changes() {
+                    self.status_dirty = true;
                 }
                 // G27: the drive's changes, its dispatches among them, are
                 // durable before any of its operations reaches a provider.
@@ -894,7 +981,7 @@ impl HostLoop {
                 }
             }
         }
-        self.publish();
+        self.publish_if_due();
         if self.phase == HostPhase::ShuttingDown && self.driver.state().nodes.is_empty() {
             return Next::Stop(ShutdownOutcome::Clean);
         }
@@ -1007,6 +1094,7 @@ impl HostLoop {
         let Some(report) = report else {
             return;
         };
+        self.status_dirty = true;
         let Some(adapter) = self.executor.as_ref().map(|e| e.backend().clone()) else {
             return;
         };
@@ -1026,6 +1114,33 @@ impl HostLoop {
                 durable.orphans.on_destroyed(kind, key, outcome);
             }
         }
+    }
+
+    /// When the next snapshot is due: `None` while nothing changed.
+    fn publish_at(&self) -> Option<Instant> {
+        if !self.status_dirty {
+            return None;
+        }
+        Some(match self.published_at {
+            Some(at) => at + publish_interval(self.publish_cost),
+            None => Instant::now(),
+        })
+    }
+
+    /// Publishes a snapshot if something changed and the interval since the
+    /// last one is over; otherwise the loop's timer comes back for it.
+    fn publish_if_due(&mut self) {
+        let Some(due) = self.publish_at() else {
+            return;
+        };
+        let now = Instant::now();
+        if now < due {
+            return;
+        }
+        self.publish();
+        self.publish_cost = now.elapsed();
+        self.published_at = Some(now);
+        self.status_dirty = false;
     }
 
     fn publish(&self) {
@@ -1067,6 +1182,23 @@ impl HostLoop {
                 reply,
             } => {
                 let _ = reply.send(self.plan(run_id, groups));
+            }
+            Command::SetLimits { limits, reply } => {
+                if *self.driver.limits() != limits {
+                    tracing::info!("limits changed: {limits:?}");
+                    self.driver.set_limits(limits);
+                }
+                let _ = reply.send(());
+            }
+            Command::Resume { group, reply } => {
+                let outcome = if self.driver.desired().groups().contains_key(&group) {
+                    let was_open = self.driver.reset_breaker(&group);
+                    tracing::info!(%group, was_open, "breaker closed by hand");
+                    Ok(was_open)
+                } else {
+                    Err(HostError::UnknownGroup(group.to_string()))
+                };
+                let _ = reply.send(outcome);
             }
         }
     }
@@ -1148,6 +1280,7 @@ impl HostLoop {
             return;
         }
         self.phase = HostPhase::ShuttingDown;
+        self.status_dirty = true;
         self.teardown_deadline = Some(Instant::now() + self.config.shutdown_deadline);
         let current = self.driver.desired().generation();
         let Some(next) = current.get().checked_add(1) else {

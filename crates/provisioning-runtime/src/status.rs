@@ -1,8 +1,11 @@
 //! Status snapshots: what the host tells operators about its cluster.
 //!
 //! A [`StatusSnapshot`] is a plain, serialisable copy of the interesting
-//! parts of the driver's state. The host publishes one after every wake that
-//! changed something, and answers status queries with a fresh one.
+//! parts of the driver's state. Building one is O(nodes), so the host
+//! publishes one after a wake that changed something but at most once per
+//! [`publish_interval`](crate::host::publish_interval) (never holding a change
+//! back longer than [`PUBLISH_INTERVAL_MAX`](crate::host::PUBLISH_INTERVAL_MAX)),
+//! and answers status queries with a fresh one.
 
 use std::collections::BTreeMap;
 
@@ -89,6 +92,9 @@ pub struct GroupStatus {
     pub desired: u32,
     /// How many desired slots hold a ready node with the desired spec.
     pub ready: u32,
+    /// Why the group starts no new attempt, while its breaker is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
 }
 
 /// The state of one managed node.
@@ -144,6 +150,13 @@ impl StatusSnapshot {
                 provider: group.template().provider.clone(),
                 desired: group.count(),
                 ready: ready_by_group.get(id.as_str()).copied().unwrap_or(0),
+                paused: driver.breaker(id).filter(|b| b.is_open()).map(|b| {
+                    format!(
+                        "group {id} paused after {} failed attempts: {}",
+                        b.consecutive_failures,
+                        b.last_error.as_deref().unwrap_or("no reason recorded")
+                    )
+                }),
             })
             .collect();
         StatusSnapshot {

@@ -1376,6 +1376,9 @@ impl ClusterDriver {
     /// - Every pending operation becomes ambiguous at `now` (its result is
     ///   unknown): the ladder re-issues it after backoff and the provider
     ///   adopts what it may have made; cleanup steps are simply retried.
+    /// - Every bootstrap session that had not handed off loses its stream
+    ///   (it went to the controller that died): its facts are dropped and its
+    ///   start becomes ambiguous, so it is re-issued at once and adopted.
     ///
     /// The recovered driver tracks changes, and a full pass is queued.
     ///
@@ -1464,6 +1467,51 @@ impl ClusterDriver {
         for (id, op) in pending {
             driver.fold_pending(&id, &op, Err(&error), now)?;
             report.pending_made_ambiguous += 1;
+        }
+        // A session that had not handed off streamed to the controller that
+        // died: nothing more will arrive for it. Its start becomes ambiguous,
+        // so the ladder starts it again and the provider adopts the session
+        // (and replays what it reports); cleanup re-issues it before it
+        // cancels. The join is forgotten too: the agent joins the new
+        // controller's swarm again.
+        let streaming: Vec<LogicalNodeId> = driver
+            .state
+            .nodes
+            .iter()
+            .filter(|(_, n)| {
+                n.record.failure.is_none()
+                    && n.record.session_active()
+                    && !matches!(
+                        n.record.stage,
+                        NodeStage::HandedOff | NodeStage::Dormant | NodeStage::Destroyed
+                    )
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in streaming {
+            if let Some(node) = driver.state.nodes.get_mut(&id) {
+                let record = &mut node.record;
+                record.bootstrap = None;
+                record.swarm = None;
+                record.stage = if record.endpoint.is_some() {
+                    NodeStage::EndpointKnown
+                } else if record.lease.is_some() {
+                    NodeStage::LeaseCreated
+                } else {
+                    NodeStage::New
+                };
+                let last = node.next_sequence.get().saturating_sub(1).max(1);
+                node.retry.ambiguous = Some(crate::state::AmbiguousOperation {
+                    op: OperationId::new(
+                        node.attempt,
+                        crate::id::OperationSequence::from_raw(last),
+                    ),
+                    kind: EffectKind::StartBootstrap,
+                });
+                node.retry.next_effect_at = None;
+                report.sessions_restarted += 1;
+            }
+            driver.touch(&id);
         }
         Ok((driver, report))
     }

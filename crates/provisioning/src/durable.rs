@@ -11,7 +11,9 @@
 //! the last committed [`DurableState`]: the allocator resumes at its mark (an
 //! attempt id is never handed out twice), every stored instant is moved onto
 //! the new clock, and every operation that was pending becomes ambiguous, so
-//! the ladder re-issues it and the provider adopts what it may have made.
+//! the ladder re-issues it and the provider adopts what it may have made. A
+//! bootstrap session that had not handed off streamed to the controller that
+//! died, so its start becomes ambiguous as well and is re-issued (adopted).
 //!
 //! The types here are plain serde values; encoding them and writing them is
 //! the host's business. Nothing in this module reads a clock or does I/O.
@@ -174,6 +176,9 @@ pub struct RecoveryReport {
     pub nodes: usize,
     /// Pending operations that became ambiguous.
     pub pending_made_ambiguous: usize,
+    /// Bootstrap sessions that had not handed off: their start became
+    /// ambiguous, to be re-issued (and adopted by the provider).
+    pub sessions_restarted: usize,
     /// Whether the stored allocator mark was below a stored attempt and was
     /// raised above it (a state no correct writer produces; reported, never
     /// trusted).

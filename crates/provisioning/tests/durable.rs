@@ -297,3 +297,53 @@ fn a_state_of_another_run_or_format_is_refused() {
         Err(RecoveryError::UnsupportedFormat { .. })
     ));
 }
+
+#[test]
+fn a_session_that_had_not_handed_off_is_started_again_after_recovery_and_the_provider_adopts_it() {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    let create = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&create), now).unwrap();
+    let lookup = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&lookup), now).unwrap();
+    let start = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&start), now).unwrap();
+    d.apply_observation(
+        &bootstrap(&start, provisioning::BootstrapEvent::Joined),
+        now,
+    )
+    .unwrap();
+    let state = d.durable_state(now);
+    // The controller dies while the session streams to it.
+    let (mut r, report) =
+        ClusterDriver::recover(&run(), state, RetryPolicy::default(), at(10)).unwrap();
+    assert_eq!(report.sessions_restarted, 1);
+    let managed = &r.state().nodes[&node("g-0")];
+    assert!(managed.record.bootstrap.is_none() && managed.record.swarm.is_none());
+    assert_eq!(
+        managed.retry.ambiguous.as_ref().map(|a| a.kind),
+        Some(EffectKind::StartBootstrap)
+    );
+    let again = drive(&mut r, &mut sink, at(10));
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].kind(), EffectKind::StartBootstrap);
+    assert_eq!(
+        again[0].attempt(),
+        start.attempt(),
+        "the same attempt: adopted"
+    );
+    // Adopted, then the stream goes on: the node becomes ready.
+    r.apply_executor_result(&success(&again[0]), at(10))
+        .unwrap();
+    r.apply_observation(
+        &bootstrap(&again[0], provisioning::BootstrapEvent::Joined),
+        at(10),
+    )
+    .unwrap();
+    converge(&mut r, &mut sink, at(10));
+    assert!(r.is_converged());
+}
