@@ -1,0 +1,14 @@
+#!/bin/sh
+# The README's test command: installs the system packages the tests need
+# (scripts/test-deps.sh; apt-get, as root), then runs every test of the
+# workspace. CI runs exactly this.
+set -eu
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -eq 0 ]; then
+    sh scripts/test-deps.sh
+elif command -v sudo >/dev/null 2>&1; then
+    sudo sh scripts/test-deps.sh
+else
+    sh scripts/test-deps.sh
+fi
+exec cargo test --workspace
