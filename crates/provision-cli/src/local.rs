@@ -13,7 +13,7 @@ use provisioning_process::{
     RunSecret,
 };
 
-use crate::shape_file::ProcessSettings;
+use crate::shape_file::{EXEC_PROVIDER, ExecSettings, ProcessSettings};
 use provisioning_runtime::PluginEntry;
 
 /// The provider kinds this build serves.
@@ -59,6 +59,28 @@ pub(crate) async fn start_plugins(
     Ok(vec![PluginEntry::new(plugin).with_shutdown(
         move || async move { for_shutdown.shutdown().await },
     )])
+}
+
+/// The plugin of a `[providers.exec]` program: started at once, so a program
+/// that cannot run is an error before anything else starts.
+///
+/// # Errors
+/// When the program cannot be started or fails its handshake.
+pub(crate) async fn start_exec(settings: &ExecSettings) -> anyhow::Result<PluginEntry> {
+    let (command, args) = settings
+        .command
+        .split_first()
+        .ok_or_else(|| anyhow::anyhow!("[providers.exec] names no command"))?;
+    let mut config = provisioning_exec::ExecConfig::new(command.clone(), args.iter().cloned())
+        .with_kind(EXEC_PROVIDER);
+    if let Some(timeout) = settings.call_timeout {
+        config = config.with_call_timeout(timeout);
+    }
+    let plugin = provisioning_exec::ExecPlugin::start(config)
+        .await
+        .map_err(|e| anyhow::anyhow!("provider program {command}: {e}"))?;
+    tracing::info!(program = %command, "exec provider started");
+    Ok(PluginEntry::new(std::sync::Arc::new(plugin)))
 }
 
 /// The driver's policy for the providers this build serves: the core's

@@ -207,7 +207,21 @@ pub(crate) struct ShapeSource {
     pub(crate) process: ProcessSettings,
     /// Launch caps, rollout budgets and breakers.
     pub(crate) limits: Limits,
+    /// The provider program serving `provider = "exec"`, when declared.
+    pub(crate) exec: Option<ExecSettings>,
 }
+
+/// `[providers.exec]`: the program and its call timeout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ExecSettings {
+    /// The program and its arguments.
+    pub(crate) command: Vec<String>,
+    /// How long one call may wait for its reply.
+    pub(crate) call_timeout: Option<std::time::Duration>,
+}
+
+/// The provider kind a `[providers.exec]` program serves.
+pub(crate) const EXEC_PROVIDER: &str = "exec";
 
 /// How the embedded provider runs its agents (`[providers.process]`). Read
 /// when `up` starts; an edit takes effect at the next start.
@@ -259,6 +273,17 @@ struct FileDocument {
 struct FileProviders {
     #[serde(default)]
     process: FileProcessProvider,
+    #[serde(default)]
+    exec: Option<Spanned<FileExecProvider>>,
+}
+
+/// `[providers.exec]`: a provider program speaking docs/plugin-protocol.md.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileExecProvider {
+    command: Vec<String>,
+    #[serde(default)]
+    call_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -435,6 +460,36 @@ pub(crate) fn parse(
     let at = Locator { path, source };
     let document = deserialize(&at)?;
     let run_id = RunId::new(document.run.get_ref().as_str());
+    let exec = match &document.providers.exec {
+        None => None,
+        Some(spanned) => {
+            let exec = spanned.get_ref();
+            if exec.command.first().is_none_or(|c| c.trim().is_empty()) {
+                return Err(at.error(
+                    Some(spanned.span()),
+                    Some("providers.exec.command".to_owned()),
+                    "command must name the provider program, e.g. [\"python3\", \"provider.py\"]"
+                        .to_owned(),
+                ));
+            }
+            if exec.call_timeout_secs == Some(0) {
+                return Err(at.error(
+                    Some(spanned.span()),
+                    Some("providers.exec.call_timeout_secs".to_owned()),
+                    "call_timeout_secs must be at least 1".to_owned(),
+                ));
+            }
+            Some(ExecSettings {
+                command: exec.command.clone(),
+                call_timeout: exec.call_timeout_secs.map(std::time::Duration::from_secs),
+            })
+        }
+    };
+    let mut served: Vec<&str> = providers.to_vec();
+    if exec.is_some() && !served.contains(&EXEC_PROVIDER) {
+        served.push(EXEC_PROVIDER);
+    }
+    let providers = served.as_slice();
     let mut groups = Vec::with_capacity(document.groups.len());
     let mut limits = Limits::default();
     for (index, group) in document.groups.iter().enumerate() {
@@ -485,6 +540,7 @@ pub(crate) fn parse(
         run_id,
         groups: shape.groups,
         limits,
+        exec,
         process: ProcessSettings {
             detached,
             log_dir: process.log_dir.as_ref().map(|d| PathBuf::from(d.get_ref())),

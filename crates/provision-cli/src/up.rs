@@ -97,7 +97,7 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
     let host = start_host(
         &source.run_id,
         secret,
-        &source.process,
+        &source,
         source.limits.clone(),
         durability,
         options.shutdown_timeout,
@@ -188,12 +188,15 @@ fn refused(message: &str) -> ExitCode {
 async fn start_host(
     run_id: &RunId,
     secret: provisioning_process::RunSecret,
-    settings: &shape_file::ProcessSettings,
+    source: &shape_file::ShapeSource,
     limits: provisioning::Limits,
     durability: Durability,
     shutdown_timeout: Duration,
 ) -> anyhow::Result<Host> {
-    let plugins = local::start_plugins(run_id, secret, settings).await?;
+    let mut plugins = local::start_plugins(run_id, secret, &source.process).await?;
+    if let Some(exec) = &source.exec {
+        plugins.push(local::start_exec(exec).await?);
+    }
     let mut config = HostConfig::new(run_id.clone());
     config.limits = limits;
     config.policy = local::retry_policy();
@@ -255,9 +258,18 @@ pub(crate) async fn down_from_state(
     // Detached agents that outlived the crash are found through /proc
     // whatever the setting; agents started from here on (none: this is a
     // teardown) would die with this process.
-    let settings = shape_file::ProcessSettings::default();
+    // Only the embedded provider is served here: a run with nodes of a
+    // provider program needs its file (`up FILE`, then `down`).
+    let source = shape_file::ShapeSource {
+        path: std::path::PathBuf::new(),
+        run_id: run_id.clone(),
+        groups: Vec::new(),
+        process: shape_file::ProcessSettings::default(),
+        limits: provisioning::Limits::default(),
+        exec: None,
+    };
     let limits = provisioning::Limits::default();
-    let host = start_host(&run_id, secret, &settings, limits, durability, timeout).await?;
+    let host = start_host(&run_id, secret, &source, limits, durability, timeout).await?;
     let report = host.handle().shutdown().await;
     host.join().await;
     Ok(match report.outcome {

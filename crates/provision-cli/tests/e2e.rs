@@ -1130,3 +1130,48 @@ fn a_group_whose_boot_check_fails_pauses_and_resume_lets_it_try_again() {
             .contains("paused after 2 failed attempts")
     );
 }
+
+// ---------------------------------------------------------------------------
+// Providers in any language (SPEC §16).
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_group_served_by_a_provider_program_converges_and_tears_down() {
+    let mut cluster = Cluster::new("exec");
+    let double = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../provisioning-exec/tests/doubles/memory_provider.py");
+    assert!(
+        double.exists(),
+        "the reference double is at {}",
+        double.display()
+    );
+    cluster.write_text(&format!(
+        "run = \"{}\"\n\n[providers.exec]\ncommand = [\"python3\", \"{}\"]\n\n[[group]]\nid = \"remote\"\ncount = 3\nprovider = \"exec\"\n",
+        cluster.run,
+        double.display()
+    ));
+    cluster.start();
+    let status = cluster.wait_converged(1);
+    assert_eq!(ids(&status), ["remote-0", "remote-1", "remote-2"]);
+    assert_eq!(status["groups"][0]["provider"], "exec");
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+}
+
+#[test]
+fn an_exec_provider_without_a_command_is_refused_with_its_line() {
+    let cluster = Cluster::new("execbad");
+    cluster.write_text(&format!(
+        "run = \"{}\"\n\n[providers.exec]\ncommand = []\n",
+        cluster.run
+    ));
+    let output = cluster.run(&["validate", cluster.file().to_str().expect("utf-8")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("providers.exec.command"), "{stderr}");
+}
