@@ -208,7 +208,11 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
     /// Adopts the live session of `key`, or starts one. The caller checked
     /// that the key's lease is live.
     pub(crate) fn start_session(&mut self, key: &K) -> BootstrapSession {
-        if let Some(session) = self.sessions.get(key) {
+        if let Some(session) = self.sessions.get_mut(key) {
+            // A start that adopts opens a new stream to its caller (a
+            // recovered controller): the agent joins that controller's swarm
+            // again, and the join is reported again once it does.
+            session.joined = false;
             let session = session.handle.clone();
             self.counters.adoptions += 1;
             return BootstrapSession {
