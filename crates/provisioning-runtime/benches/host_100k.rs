@@ -55,7 +55,7 @@ const REPORT_BATCH: usize = 4096;
 /// provider reports far faster than any real one, so the reporter keeps at
 /// most this many in flight: a join counts until the host completes its
 /// bootstrap, a close until a published snapshot shows its node ready.
-const EVENTS_IN_FLIGHT_MAX: u64 = 16_384;
+const EVENTS_IN_FLIGHT_MAX: u64 = 49_152;
 
 struct Options {
     nodes: u32,
@@ -349,7 +349,9 @@ async fn run(options: Options) -> Result<(), String> {
     let idle_cpu = cpu_time().saturating_sub(idle_cpu_before);
     let published_idle = published.load(Ordering::Relaxed) - published_before_idle;
     let calls_idle = plugin.calls.load(Ordering::Relaxed) - calls_before_idle;
+    let status_started = Instant::now();
     let still_exact = complete(&handle.status().await, nodes);
+    let status_cost = status_started.elapsed();
 
     let teardown_started = Instant::now();
     let report = handle.shutdown().await;
@@ -368,6 +370,7 @@ async fn run(options: Options) -> Result<(), String> {
     table.insert("7 idle cpu % of a core", format!("{idle_percent:.2}"));
     table.insert("8 idle snapshots seen", published_idle.to_string());
     table.insert("9 idle plugin calls", calls_idle.to_string());
+    table.insert("a status() ms", ms(status_cost));
     println!(
         "host bring-up through the real Host (tokio, 2 workers), instant in-memory plugin, {} group(s)",
         options.groups

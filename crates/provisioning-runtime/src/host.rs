@@ -70,7 +70,7 @@ pub const DEFAULT_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
 pub const COMMAND_QUEUE_CAPACITY: usize = 64;
 
 /// The longest a change waits before it is published to subscribers.
-pub const PUBLISH_INTERVAL_MAX: Duration = Duration::from_millis(250);
+pub const PUBLISH_INTERVAL_MAX: Duration = Duration::from_secs(1);
 
 /// How many times the cost of the last snapshot build the loop waits before
 /// it builds the next one (so publishing takes at most about 1/this of the
