@@ -7,7 +7,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::fs;
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -25,6 +25,9 @@ pub const SSHD: &str = "/usr/sbin/sshd";
 
 /// How many times the testbed looks for a started sshd's port.
 const READY_POLLS_MAX: usize = 1_000;
+
+/// How many other ports a loopback sshd tries when its port was taken.
+const PORT_TRIES_MAX: usize = 10;
 
 fn require_tools() {
     for tool in [SSHD, "/usr/bin/ssh", "/usr/bin/ssh-keygen"] {
@@ -162,6 +165,18 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if self.made_ns {
+            // Whatever still runs inside (sessions of a partitioned sshd,
+            // their commands) was started by this test: kill it by pid.
+            if let Ok(output) = Command::new("ip")
+                .args(["netns", "pids", &self.name])
+                .output()
+            {
+                for pid in String::from_utf8_lossy(&output.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-KILL", pid]).status();
+                }
+            }
+        }
         if self.made_link {
             let _ = Command::new("ip")
                 .args(["link", "del", &self.link])
@@ -201,18 +216,6 @@ impl SshdHost {
             None => (Ipv4Addr::LOCALHOST, free_port()),
         };
         let config = dir.join("sshd_config");
-        fs::write(
-            &config,
-            format!(
-                "Port {port}\nListenAddress {address}\nHostKey {dir}/ssh_host_ed25519_key\n\
-                 PidFile none\nAuthorizedKeysFile {dir}/authorized_keys\nPubkeyAuthentication yes\n\
-                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
-                 PermitRootLogin prohibit-password\nStrictModes no\nLogLevel ERROR\n\
-                 MaxStartups 200\nMaxSessions 200\n",
-                dir = dir.display()
-            ),
-        )
-        .expect("sshd_config");
         let mut host = SshdHost {
             name,
             dir,
@@ -223,16 +226,57 @@ impl SshdHost {
             child: None,
             netns,
         };
-        host.start();
-        host
+        // A port found free may be taken before sshd binds it: try others.
+        let mut tries = 0;
+        loop {
+            host.write_config();
+            match host.try_start() {
+                Ok(()) => return host,
+                Err(log) if host.netns.is_none() && tries < PORT_TRIES_MAX => {
+                    eprintln!(
+                        "sshd of {} on port {} failed ({log}); another port",
+                        host.name, host.port
+                    );
+                    tries += 1;
+                    host.port = free_port();
+                }
+                Err(log) => panic!("sshd of {} did not start: {log}", host.name),
+            }
+        }
+    }
+
+    fn write_config(&self) {
+        fs::write(
+            &self.config,
+            format!(
+                "Port {port}\nListenAddress {address}\nHostKey {dir}/ssh_host_ed25519_key\n\
+                 PidFile none\nAuthorizedKeysFile {dir}/authorized_keys\nPubkeyAuthentication yes\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+                 PermitRootLogin prohibit-password\nStrictModes no\nLogLevel INFO\n\
+                 MaxStartups 200\nMaxSessions 200\nClientAliveInterval 2\nClientAliveCountMax 2\n",
+                port = self.port,
+                address = self.address,
+                dir = self.dir.display()
+            ),
+        )
+        .expect("sshd_config");
     }
 
     /// Starts (or restarts) the server on its port.
     pub fn start(&mut self) {
+        if let Err(log) = self.try_start() {
+            panic!("sshd of {} did not start: {log}", self.name);
+        }
+    }
+
+    /// Starts the server; once its log says it listens, it is ready.
+    /// `Err` with its log when it exited instead.
+    fn try_start(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "{} already runs", self.name);
         // sshd refuses to start without its privilege separation directory.
         let _ = fs::create_dir_all("/run/sshd");
         let log = self.dir.join("sshd.log");
+        let _ = fs::remove_file(&log);
         let mut command = match &self.netns {
             Some(netns) => {
                 let mut command = Command::new("ip");
@@ -248,25 +292,25 @@ impl SshdHost {
             .arg("-E")
             .arg(&log)
             .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .expect("start sshd");
+        let listening = format!("Server listening on {} port {}", self.address, self.port);
         for _ in 0..READY_POLLS_MAX {
+            let text = fs::read_to_string(&log).unwrap_or_default();
             if let Some(status) = child.try_wait().expect("poll sshd") {
-                panic!(
-                    "sshd of {} exited with {status}: {}",
-                    self.name,
-                    fs::read_to_string(&log).unwrap_or_default()
-                );
+                return Err(format!("exited with {status}: {}", text.trim()));
             }
-            if TcpStream::connect((self.address, self.port)).is_ok() {
+            if text.contains(&listening) {
                 self.child = Some(child);
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         let _ = child.kill();
         let _ = child.wait();
-        panic!("sshd of {} never listened on port {}", self.name, self.port);
+        Err(format!("never listened on port {}", self.port))
     }
 
     /// Stops the server: connections to its port are refused.
