@@ -42,7 +42,7 @@ pub(crate) async fn watch_process(
     // ends every process it started (destroy, shutdown, drop) unless they
     // are detached, which is meant to outlive the plugin.
     let status = child.wait().await;
-    on_exit(&shared, &key, instance, &exited, &format!("{status:?}")).await;
+    on_exit(&shared, &key, instance, &exited, &format!("{status:?}"));
 }
 
 /// How often the exit of an adopted agent (not this process's child, so
@@ -74,11 +74,11 @@ pub(crate) async fn watch_adopted(
             () = tokio::time::sleep(ADOPTED_POLL_INTERVAL) => {}
         }
     }
-    on_exit(&shared, &key, instance, &exited, "gone from /proc").await;
+    on_exit(&shared, &key, instance, &exited, "gone from /proc");
 }
 
 /// Records the exit of instance `instance` of `key`'s agent.
-async fn on_exit(
+fn on_exit(
     shared: &Arc<Shared>,
     key: &AttemptKey,
     instance: u64,
@@ -101,7 +101,13 @@ async fn on_exit(
         tracing::warn!(node = %key, %status, "node agent exited unexpectedly");
         // The group leader is reaped, so its id may be reused: find what is
         // left of the group by its tags instead of signalling the id.
-        if let Ok(left) = shared.scanner.group(group).await {
+        //
+        // Done here, in the poll that saw the exit, so nothing of the group
+        // outlives the agent by a turn of the runtime: an unexpected exit is
+        // one node's, and the look is cheap (`group_processes` asks the
+        // kernel first and reads the environment of the group's members
+        // only), unlike the fleet-wide scans of a teardown.
+        if let Ok(left) = os::group_processes(&key.run_id, group) {
             os::signal_processes(&left, Signal::SIGKILL);
         }
         shared.report_lost(key, LossCause::LeaseGone);

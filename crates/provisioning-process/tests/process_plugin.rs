@@ -596,3 +596,50 @@ async fn boot_commands_run_as_the_boot_user() {
     plugin.destroy_node(&key, &lease.lease).await.unwrap();
     assert_no_processes(&guard.run);
 }
+
+/// Two hundred nodes up, then destroyed all at once, as a host tearing a
+/// fleet down does: every destroy succeeds and nothing of the run is left.
+/// (Each destroy used to scan all of `/proc`, and each stopping agent did
+/// too, which made a 1000-node teardown stall; see BENCHMARKS.md §5.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_nodes_are_destroyed_at_once_and_leave_nothing() {
+    const NODES: u32 = 200;
+    let guard = RunGuard::new("fleet-teardown");
+    let (plugin, recorder) = plugin(&guard.run).await;
+    let keys: Vec<_> = (0..NODES).map(|i| key(&guard.run, "fleet", i, 1)).collect();
+    let mut ups = tokio::task::JoinSet::new();
+    for key in keys.clone() {
+        let plugin = plugin.clone();
+        ups.spawn(async move {
+            let spec = spec(&key, boot(&["true"], "exec sleep 600"));
+            let (lease, _session) = create_and_start(&plugin, &key, &spec).await;
+            (key, lease)
+        });
+    }
+    let mut leases = Vec::new();
+    while let Some(up) = ups.join_next().await {
+        leases.push(up.expect("bring-up task"));
+    }
+    recorder
+        .wait_for("every node to join", |events| {
+            keys.iter().all(|key| joined(events, key))
+        })
+        .await;
+    let agents = os::agents(&guard.run).unwrap();
+    assert_eq!(agents.len(), keys.len(), "one agent per node");
+
+    let mut downs = tokio::task::JoinSet::new();
+    for (key, lease) in leases {
+        let plugin = plugin.clone();
+        downs.spawn(async move {
+            let outcome = plugin.destroy_node(&key, &lease.lease).await;
+            (key, outcome)
+        });
+    }
+    while let Some(down) = downs.join_next().await {
+        let (key, outcome) = down.expect("destroy task");
+        assert!(outcome.is_ok(), "destroy of {key} failed: {outcome:?}");
+    }
+    assert_no_processes(&guard.run);
+    assert!(plugin.list_nodes(&guard.run).await.unwrap().is_empty());
+}
