@@ -946,7 +946,7 @@ impl HostLoop {
                 // Nothing is journaled: the changes only say a snapshot is due.
                 if self.driver.has_changes() {
                     self.status_dirty = true;
-                    let _ = self.driver.take_changes(now);
+                    self.driver.discard_changes();
                 }
             }
             Some(durable) => {

@@ -1339,6 +1339,16 @@ impl ClusterDriver {
         changes
     }
 
+    /// Forgets the changes since the last change set without building one:
+    /// for a host that only needs to know *whether* something changed
+    /// ([`ClusterDriver::has_changes`]), at no cost per changed node.
+    pub fn discard_changes(&mut self) {
+        if let Some(tracker) = self.changes.as_mut() {
+            tracker.nodes.clear();
+            tracker.meta = false;
+        }
+    }
+
     /// Whether changes are waiting for [`ClusterDriver::take_changes`].
     pub fn has_changes(&self) -> bool {
         self.changes
