@@ -169,6 +169,7 @@ pub struct LeaseFacts {
     /// When the creation result was folded.
     pub observed_at: Timestamp,
     /// Whether the provider adopted an existing resource.
+    #[serde(default, skip_serializing_if = "is_false")]
     pub adopted: bool,
 }
 
@@ -197,6 +198,7 @@ pub struct BootstrapFacts {
     pub stage: BootstrapStage,
     /// Whether the result of `BootstrapConvergenceObserved` was folded for
     /// this session; it is dispatched at most once per session.
+    #[serde(default, skip_serializing_if = "is_false")]
     pub convergence_observed: bool,
 }
 
@@ -224,6 +226,7 @@ pub struct NodeRecord {
     /// The stage.
     pub stage: NodeStage,
     /// Whether the node is ready (converged for its spec).
+    #[serde(default, skip_serializing_if = "is_false")]
     pub ready: bool,
     /// The lease, while it is (or may be) live.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -306,6 +309,7 @@ pub struct AmbiguousOperation {
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RetryState {
     /// Failures since the node was last ready; carries into a replacement.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub consecutive_failures: u32,
     /// No effect before this instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -366,4 +370,16 @@ impl ManagedNode {
     pub fn pending_op(&self) -> Option<OperationId> {
         self.pending.as_ref().map(|p| p.id)
     }
+}
+
+// Written instead of the default values they skip, so a journal row holds
+// only what a node has.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
