@@ -4,16 +4,10 @@
 mod common;
 
 use common::*;
-use provisioning::effect::Operation;
 use provisioning::{
     ChangeSet, ClusterDriver, DURABLE_FORMAT, DurableState, EffectError, EffectKind, RecoveryError,
     RetryPolicy, RunId, Timestamp,
 };
-
-fn drive(d: &mut ClusterDriver, sink: &mut RecordingSink, now: Timestamp) -> Vec<Operation> {
-    d.drive_until_blocked(now, sink).unwrap();
-    sink.take()
-}
 
 /// A journal as a test keeps it: the first change set, then every later one
 /// applied on top.
@@ -51,10 +45,7 @@ fn run() -> RunId {
 
 #[test]
 fn a_change_set_holds_only_the_nodes_that_changed_since_the_last_one() {
-    let mut d = driver();
-    d.track_changes();
-    d.update_desired(shape(1, vec![group("g", 3, "img:1")]))
-        .unwrap();
+    let mut d = tracked(vec![group("g", 3, "img:1")]);
     let mut sink = RecordingSink::default();
     let now = at(0);
     let creates = drive(&mut d, &mut sink, now);
@@ -88,10 +79,7 @@ fn a_change_set_holds_only_the_nodes_that_changed_since_the_last_one() {
 
 #[test]
 fn reaped_nodes_are_removed_and_allocations_move_the_meta() {
-    let mut d = driver();
-    d.track_changes();
-    d.update_desired(shape(1, vec![group("g", 2, "img:1")]))
-        .unwrap();
+    let mut d = tracked(vec![group("g", 2, "img:1")]);
     let mut sink = RecordingSink::default();
     let now = at(0);
     converge(&mut d, &mut sink, now);
@@ -116,10 +104,7 @@ fn reaped_nodes_are_removed_and_allocations_move_the_meta() {
 
 #[test]
 fn the_durable_form_round_trips_through_json() {
-    let mut d = driver();
-    d.track_changes();
-    d.update_desired(shape(1, vec![group("g", 2, "img:1")]))
-        .unwrap();
+    let mut d = tracked(vec![group("g", 2, "img:1")]);
     let mut sink = RecordingSink::default();
     let now = at(5);
     let creates = drive(&mut d, &mut sink, now);
@@ -150,10 +135,7 @@ fn the_durable_form_round_trips_through_json() {
 
 #[test]
 fn a_recovered_driver_without_pending_work_equals_the_one_that_wrote_it() {
-    let mut d = driver();
-    d.track_changes();
-    d.update_desired(shape(1, vec![group("g", 3, "img:1")]))
-        .unwrap();
+    let mut d = tracked(vec![group("g", 3, "img:1")]);
     let mut sink = RecordingSink::default();
     let now = at(1_000);
     converge(&mut d, &mut sink, now);
@@ -170,10 +152,7 @@ fn a_recovered_driver_without_pending_work_equals_the_one_that_wrote_it() {
 
 #[test]
 fn recovery_makes_pending_operations_ambiguous_and_the_ladder_reissues_them() {
-    let mut d = driver();
-    d.track_changes();
-    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
-        .unwrap();
+    let mut d = tracked(vec![group("g", 1, "img:1")]);
     let mut sink = RecordingSink::default();
     let now = at(0);
     let create = drive(&mut d, &mut sink, now).remove(0);
@@ -213,10 +192,7 @@ fn recovery_makes_pending_operations_ambiguous_and_the_ladder_reissues_them() {
 
 #[test]
 fn the_allocator_resumes_above_its_mark_so_attempt_ids_are_never_reused() {
-    let mut d = driver();
-    d.track_changes();
-    d.update_desired(shape(1, vec![group("g", 2, "img:1")]))
-        .unwrap();
+    let mut d = tracked(vec![group("g", 2, "img:1")]);
     let mut sink = RecordingSink::default();
     let now = at(0);
     converge(&mut d, &mut sink, now);
@@ -238,10 +214,7 @@ fn the_allocator_resumes_above_its_mark_so_attempt_ids_are_never_reused() {
 
 #[test]
 fn a_stored_mark_below_a_stored_attempt_is_raised_and_reported() {
-    let mut d = driver();
-    d.track_changes();
-    d.update_desired(shape(1, vec![group("g", 2, "img:1")]))
-        .unwrap();
+    let mut d = tracked(vec![group("g", 2, "img:1")]);
     let mut sink = RecordingSink::default();
     converge(&mut d, &mut sink, at(0));
     let mut state = d.durable_state(at(0));
@@ -253,10 +226,7 @@ fn a_stored_mark_below_a_stored_attempt_is_raised_and_reported() {
 
 #[test]
 fn stored_deadlines_keep_the_time_they_had_left_on_the_new_clock() {
-    let mut d = driver();
-    d.track_changes();
-    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
-        .unwrap();
+    let mut d = tracked(vec![group("g", 1, "img:1")]);
     let mut sink = RecordingSink::default();
     let create = drive(&mut d, &mut sink, at(10_000)).remove(0);
     d.apply_executor_result(
@@ -300,18 +270,10 @@ fn a_state_of_another_run_or_format_is_refused() {
 
 #[test]
 fn a_session_that_had_not_handed_off_is_started_again_after_recovery_and_the_provider_adopts_it() {
-    let mut d = driver();
-    d.track_changes();
-    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
-        .unwrap();
+    let mut d = tracked(vec![group("g", 1, "img:1")]);
     let mut sink = RecordingSink::default();
     let now = at(0);
-    let create = drive(&mut d, &mut sink, now).remove(0);
-    d.apply_executor_result(&success(&create), now).unwrap();
-    let lookup = drive(&mut d, &mut sink, now).remove(0);
-    d.apply_executor_result(&success(&lookup), now).unwrap();
-    let start = drive(&mut d, &mut sink, now).remove(0);
-    d.apply_executor_result(&success(&start), now).unwrap();
+    let start = started(&mut d, &mut sink, now);
     d.apply_observation(
         &bootstrap(&start, provisioning::BootstrapEvent::Joined),
         now,

@@ -13,11 +13,6 @@ use provisioning::{
     MaxUnavailable, Timestamp,
 };
 
-fn drive(d: &mut ClusterDriver, sink: &mut RecordingSink, now: Timestamp) -> Vec<Operation> {
-    d.drive_until_blocked(now, sink).unwrap();
-    sink.take()
-}
-
 fn names(ops: &[Operation]) -> Vec<String> {
     ops.iter()
         .map(|op| format!("{} {}", op.kind(), op.node))

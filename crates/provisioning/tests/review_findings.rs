@@ -11,27 +11,11 @@ use provisioning::{
     BootstrapEvent, BootstrapFailure, BootstrapRejection, DriverError, EffectError, EffectKind,
     IdempotentEffectExecutor, LogicalNodeSpec, ManualSpawner, NodeAttemptId, NodeStage,
     OperationId, OperationSequence, OperationSink, Rejection, RunId, RunOrder, SessionState,
-    SubmitError, Submitted, Timestamp,
+    SubmitError, Submitted,
 };
 
-fn drive(
-    d: &mut provisioning::ClusterDriver,
-    sink: &mut RecordingSink,
-    now: Timestamp,
-) -> Vec<Operation> {
-    d.drive_until_blocked(now, sink).unwrap();
-    sink.take()
-}
-
-fn one(ops: Vec<Operation>, kind: EffectKind) -> Operation {
-    assert_eq!(ops.len(), 1, "expected one operation, got {ops:?}");
-    let op = ops.into_iter().next().unwrap();
-    assert_eq!(op.kind(), kind);
-    op
-}
-
-/// Brings `g-0` to a started bootstrap session; returns the start operation.
-fn started(d: &mut provisioning::ClusterDriver, sink: &mut RecordingSink) -> Operation {
+/// Brings `g-0` to a dispatched bootstrap start (not yet answered).
+fn start_dispatched(d: &mut provisioning::ClusterDriver, sink: &mut RecordingSink) -> Operation {
     d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
         .unwrap();
     let now = at(0);
@@ -46,7 +30,7 @@ fn started(d: &mut provisioning::ClusterDriver, sink: &mut RecordingSink) -> Ope
 fn late_stream_events_of_a_failed_session_are_rejected_and_cleanup_still_cancels_it() {
     let mut d = driver();
     let mut sink = RecordingSink::default();
-    let start = started(&mut d, &mut sink);
+    let start = start_dispatched(&mut d, &mut sink);
     let now = at(0);
     d.apply_executor_result(&success(&start), now).unwrap();
     d.apply_observation(
@@ -96,7 +80,7 @@ fn late_stream_events_of_a_failed_session_are_rejected_and_cleanup_still_cancels
 fn stream_evidence_of_the_session_answers_a_remembered_ambiguous_start() {
     let mut d = driver();
     let mut sink = RecordingSink::default();
-    let start = started(&mut d, &mut sink);
+    let start = start_dispatched(&mut d, &mut sink);
     let now = at(0);
     d.apply_executor_result(
         &reply(&start, Err(EffectError::ambiguous("lost reply"))),

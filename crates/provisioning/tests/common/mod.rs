@@ -193,3 +193,45 @@ impl EffectBackend for ScriptedBackend {
 pub fn shared<T>(value: T) -> Arc<T> {
     Arc::new(value)
 }
+
+/// Runs `driver` until blocked and returns what it submitted.
+pub fn drive(
+    driver: &mut ClusterDriver,
+    sink: &mut RecordingSink,
+    now: Timestamp,
+) -> Vec<Operation> {
+    driver.drive_until_blocked(now, sink).unwrap();
+    sink.take()
+}
+
+/// The single operation of `ops`, which must be of `kind`.
+pub fn one(ops: Vec<Operation>, kind: EffectKind) -> Operation {
+    assert_eq!(ops.len(), 1, "expected one operation, got {ops:?}");
+    let op = ops.into_iter().next().unwrap();
+    assert_eq!(op.kind(), kind);
+    op
+}
+
+/// Brings the one node of `driver`'s shape to a started bootstrap session
+/// at `now` (create, lookup and start answered); returns the start.
+pub fn started(driver: &mut ClusterDriver, sink: &mut RecordingSink, now: Timestamp) -> Operation {
+    let create = one(drive(driver, sink, now), EffectKind::CreateLease);
+    driver
+        .apply_executor_result(&success(&create), now)
+        .unwrap();
+    let lookup = one(drive(driver, sink, now), EffectKind::LookupEndpoint);
+    driver
+        .apply_executor_result(&success(&lookup), now)
+        .unwrap();
+    let start = one(drive(driver, sink, now), EffectKind::StartBootstrap);
+    driver.apply_executor_result(&success(&start), now).unwrap();
+    start
+}
+
+/// A driver that tracks changes, with `groups` desired at generation 1.
+pub fn tracked(groups: Vec<NodeGroup>) -> ClusterDriver {
+    let mut d = driver();
+    d.track_changes();
+    d.update_desired(shape(1, groups)).unwrap();
+    d
+}
