@@ -761,7 +761,7 @@ impl ClusterDriver {
             .remove(&(pending.deadline, node_id.clone()));
         let before = (node.record.stage == NodeStage::Failed, node.is_ready());
         if pending.kind == EffectKind::CreateLease {
-            self.create_finished(&next.spec.template().provider.clone());
+            self.create_finished(&next.spec.template().provider);
         }
         self.limit_events(node_id, before, &next, now);
         self.state.nodes.insert(node_id.clone(), next);
@@ -869,7 +869,10 @@ impl ClusterDriver {
             // Only a first create of an active node waits for a launch slot:
             // the re-issue of an ambiguous create on a node being torn down
             // is cleanup, never held back.
-            NodeAction::Dispatch(EffectKind::CreateLease) if decision.rule == Rule::CreateLease => {
+            NodeAction::Dispatch(EffectKind::CreateLease)
+                if decision.rule == Rule::CreateLease
+                    && !self.limits.max_concurrent_creates.is_empty() =>
+            {
                 let node = self.state.nodes.get(id)?;
                 let provider = &node.spec.template().provider;
                 let cap = *self.limits.max_concurrent_creates.get(provider)?;
@@ -890,14 +893,14 @@ impl ClusterDriver {
                 self.limit_state.counters.held_by_cap += 1;
                 Some(None)
             }
-            NodeAction::BeginDelete => {
+            NodeAction::BeginDelete if self.limits.max_unavailable.contains_key(group) => {
                 let node = self.state.nodes.get(id)?;
                 let desired = self.desired.groups().get(group)?;
                 let drifted_only = node.is_ready()
                     && id.index() < desired.count()
                     && !Arc::ptr_eq(node.spec.shared_template(), desired.template())
                     && *node.spec.template() != **desired.template();
-                if !drifted_only || !self.limits.max_unavailable.contains_key(group) {
+                if !drifted_only {
                     return None;
                 }
                 let allowed = self.budget_allowance(group);
