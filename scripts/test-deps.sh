@@ -5,9 +5,11 @@
 #   provisioning-ssh tests: openssh-server (/usr/sbin/sshd), openssh-client
 #   (ssh, ssh-keygen), util-linux (flock, setsid on the test hosts) and
 #   iproute2 (network namespaces for the testbed).
+#   provisioning-slurm tests: slurmctld, slurmd and slurm-client (Slurm's
+#   daemons and commands) and munge (its authentication daemon).
 set -eu
 
-packages="openssh-server openssh-client util-linux iproute2"
+packages="openssh-server openssh-client util-linux iproute2 slurmctld slurmd slurm-client munge"
 
 missing=""
 for package in $packages; do
@@ -29,5 +31,6 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
 # shellcheck disable=SC2086
 apt-get install -y -qq --no-install-recommends $missing >/dev/null
-# The package may start a system sshd; the tests run their own and need none.
+# The packages may start a system sshd, munged or Slurm daemons; the tests
+# run their own (with their own configuration) and need none of them.
 echo "test-deps.sh: installed$missing"
