@@ -77,6 +77,11 @@ pub(crate) const DEFAULT_BREAKER_FAILURES: u32 = 5;
 /// How long a paused group waits before it lets one probe attempt start.
 pub(crate) const DEFAULT_BREAKER_COOLDOWN_SECS: u64 = 60;
 
+/// How long a node must stay ready before its group counts as healthy again:
+/// a node lost sooner (a workload that exits right after it started) counts
+/// as a failed attempt towards the breaker.
+pub(crate) const DEFAULT_BREAKER_STABLE_SECS: u64 = 10;
+
 /// The most characters of an error's message, whatever it quotes.
 pub(crate) const MESSAGE_CHARS_MAX: usize = 1024;
 
@@ -327,6 +332,8 @@ struct FileGroup {
     breaker_failures: Option<u32>,
     #[serde(default)]
     breaker_cooldown_secs: Option<Spanned<u64>>,
+    #[serde(default)]
+    breaker_stable_secs: Option<u64>,
 }
 
 /// `max_unavailable = 2` or `max_unavailable = "25%"`.
@@ -636,10 +643,12 @@ fn group_limits(
     if failures > 0 {
         limits.breakers.insert(
             id.clone(),
-            BreakerPolicy {
-                failures,
-                cooldown: std::time::Duration::from_secs(cooldown),
-            },
+            BreakerPolicy::new(failures, std::time::Duration::from_secs(cooldown))
+                .with_stable_after(std::time::Duration::from_secs(
+                    group
+                        .breaker_stable_secs
+                        .unwrap_or(DEFAULT_BREAKER_STABLE_SECS),
+                )),
         );
     }
     Ok(())
@@ -929,7 +938,7 @@ swarm = "jobs"
             source.limits.max_concurrent_creates.is_empty(),
             "no cap for process"
         );
-        let text = "run = \"r\"\n[providers.process]\nmax_concurrent_creates = 4\n[[group]]\nid = \"a\"\ncount = 8\nmax_unavailable = \"25%\"\nbreaker_failures = 0\n[[group]]\nid = \"b\"\ncount = 1\nmax_unavailable = 3\nbreaker_cooldown_secs = 9\n";
+        let text = "run = \"r\"\n[providers.process]\nmax_concurrent_creates = 4\n[[group]]\nid = \"a\"\ncount = 8\nmax_unavailable = \"25%\"\nbreaker_failures = 0\n[[group]]\nid = \"b\"\ncount = 1\nmax_unavailable = 3\nbreaker_cooldown_secs = 9\nbreaker_stable_secs = 0\n";
         let limits = parse_text(text).unwrap().limits;
         assert_eq!(limits.max_concurrent_creates["process"], 4);
         let (a, b) = (GroupId::new("a"), GroupId::new("b"));
@@ -940,6 +949,7 @@ swarm = "jobs"
             limits.breakers[&b].cooldown,
             std::time::Duration::from_secs(9)
         );
+        assert_eq!(limits.breakers[&b].stable_after, std::time::Duration::ZERO);
         for (bad, field) in [
             ("max_unavailable = 0", "max_unavailable"),
             ("max_unavailable = \"150%\"", "max_unavailable"),

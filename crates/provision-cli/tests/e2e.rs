@@ -1131,6 +1131,39 @@ fn a_group_whose_boot_check_fails_pauses_and_resume_lets_it_try_again() {
     );
 }
 
+#[test]
+fn a_workload_that_exits_at_once_pauses_its_group_instead_of_restarting_forever() {
+    let mut cluster = Cluster::new("typo");
+    // A typo in the start command: the shell exits with 127 right after the
+    // agent joined, so every attempt becomes ready and is lost a moment later.
+    cluster.write_text(&format!(
+        "run = \"{}\"\n[[group]]\nid = \"web\"\ncount = 1\nbreaker_failures = 3\nbreaker_cooldown_secs = 3600\n[group.boot]\nstart_command = \"srve --port 8080\"\n",
+        cluster.run
+    ));
+    cluster.start();
+    let paused = cluster.wait_for("the breaker to open", |s| {
+        s["groups"][0]["paused"].as_str().is_some()
+    });
+    let reason = paused["groups"][0]["paused"].as_str().unwrap().to_owned();
+    assert!(
+        reason.starts_with("group web paused after 3 failed attempts: the node's workload exited"),
+        "{reason}"
+    );
+    let attempts = attempt_of(&paused, "web-0");
+    sleep(Duration::from_secs(3));
+    let still = cluster.status().expect("status");
+    assert_eq!(
+        attempt_of(&still, "web-0"),
+        attempts,
+        "paused: no restart loop"
+    );
+    assert!(
+        cluster
+            .up_output()
+            .contains("paused after 3 failed attempts")
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Providers in any language (SPEC §16).
 // ---------------------------------------------------------------------------

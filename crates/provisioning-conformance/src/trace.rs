@@ -296,6 +296,7 @@ fn loss_name(cause: LossCause) -> &'static str {
     match cause {
         LossCause::AgentGone => "agent",
         LossCause::LeaseGone => "lease",
+        LossCause::WorkloadExited => "workload",
     }
 }
 
@@ -838,6 +839,7 @@ fn parse_input(keyword: &str, words: &mut Words<'_>) -> Result<Input, ParseError
             cause: match words.next("loss cause")? {
                 "agent" => LossCause::AgentGone,
                 "lease" => LossCause::LeaseGone,
+                "workload" => LossCause::WorkloadExited,
                 _ => return Err(ParseErrorReason::Invalid("loss cause")),
             },
         },

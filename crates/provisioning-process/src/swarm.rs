@@ -157,38 +157,42 @@ async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     if let Err(error) = wire::write_message(&mut write, &SwarmReply::Welcome).await {
         tracing::debug!(node = %key, %error, "agent gone before its welcome");
     }
-    hold(&shared, &key, &mut reader).await;
-    if shared.is_running(&key) && !shared.is_closing() {
-        shared.report_lost(&key, LossCause::AgentGone);
+    let cause = hold(&shared, &key, &mut reader).await;
+    if let Some(cause) = cause
+        && shared.is_running(&key)
+        && !shared.is_closing()
+    {
+        shared.report_lost(&key, cause);
     }
 }
 
-/// Keeps a member's connection until it ends (or the plugin shuts down),
-/// logging its notices.
+/// Keeps a member's connection until it ends, its workload exits (or the
+/// plugin shuts down, which loses nothing). Returns what the node lost.
 async fn hold(
     shared: &Shared,
     key: &AttemptKey,
     reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
-) {
+) -> Option<LossCause> {
     let mut shutdown = shared.shutdown.subscribe();
-    // Bounded by the connection and by the plugin's life.
-    loop {
-        let message = tokio::select! {
-            _ = shutdown.wait_for(|closing| *closing) => return,
-            message = wire::read_message::<SwarmNotice, _>(reader) => message,
-        };
-        match message {
-            Ok(Some(SwarmNotice::WorkloadExited { code, signal })) => {
-                tracing::info!(node = %key, ?code, ?signal, "workload exited");
-            }
-            Ok(None) => {
-                tracing::debug!(node = %key, "swarm connection closed");
-                return;
-            }
-            Err(error) => {
-                tracing::warn!(node = %key, %error, "bad message on the swarm connection; dropping it");
-                return;
-            }
+    let message = tokio::select! {
+        _ = shutdown.wait_for(|closing| *closing) => return None,
+        message = wire::read_message::<SwarmNotice, _>(reader) => message,
+    };
+    match message {
+        Ok(Some(SwarmNotice::WorkloadExited { code, signal })) => {
+            // The node no longer does its work: lost, and replaced. A
+            // workload that exits at once every time (a typo in its start
+            // command) trips the group's breaker this way.
+            tracing::warn!(node = %key, ?code, ?signal, "workload exited; the node is lost");
+            Some(LossCause::WorkloadExited)
+        }
+        Ok(None) => {
+            tracing::debug!(node = %key, "swarm connection closed");
+            Some(LossCause::AgentGone)
+        }
+        Err(error) => {
+            tracing::warn!(node = %key, %error, "bad message on the swarm connection; dropping it");
+            Some(LossCause::AgentGone)
         }
     }
 }

@@ -126,8 +126,10 @@ pub struct NodeStatus {
 }
 
 impl StatusSnapshot {
-    /// Builds a snapshot of `driver`.
+    /// Builds a snapshot of `driver`, `uptime_ms` after the host started
+    /// (the driver's clock).
     pub fn of(driver: &ClusterDriver, phase: HostPhase, uptime_ms: u64) -> Self {
+        let now = provisioning::Timestamp::from_millis(uptime_ms);
         let desired = driver.desired();
         let state = driver.state();
         let mut ready_by_group: BTreeMap<&str, u32> = BTreeMap::new();
@@ -150,7 +152,7 @@ impl StatusSnapshot {
                 provider: group.template().provider.clone(),
                 desired: group.count(),
                 ready: ready_by_group.get(id.as_str()).copied().unwrap_or(0),
-                paused: driver.breaker(id).filter(|b| b.is_open()).map(|b| {
+                paused: driver.open_breaker(id, now).map(|b| {
                     format!(
                         "group {id} paused after {} failed attempts: {}",
                         b.consecutive_failures,

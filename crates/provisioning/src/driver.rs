@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -799,6 +800,12 @@ impl ClusterDriver {
         if !was_failed && after.record.stage == NodeStage::Failed {
             let policy = self.limits.breakers.get(group).copied();
             let breaker = self.limit_state.breakers.entry(group.clone()).or_default();
+            if policy.is_some_and(|p| breaker.recovered(&p, now)) {
+                // A node stayed ready for the stable window since the last
+                // failure: the group was healthy, this failure starts anew.
+                *breaker = BreakerStatus::default();
+            }
+            breaker.recovered_at = None;
             breaker.consecutive_failures = breaker.consecutive_failures.saturating_add(1);
             breaker.last_error.clone_from(&after.retry.last_error);
             let trips = policy.is_some_and(|p| breaker.consecutive_failures >= p.failures);
@@ -809,7 +816,16 @@ impl ClusterDriver {
             }
         }
         if !was_ready && after.is_ready() {
-            self.limit_state.breakers.remove(group);
+            let stable_after = self
+                .limits
+                .breakers
+                .get(group)
+                .map_or(Duration::ZERO, |p| p.stable_after);
+            if stable_after.is_zero() {
+                self.limit_state.breakers.remove(group);
+            } else if let Some(breaker) = self.limit_state.breakers.get_mut(group) {
+                breaker.recovered_at.get_or_insert(now);
+            }
             let allowed = self.budget_allowance(group);
             for _ in 0..allowed {
                 let next = self
@@ -924,8 +940,16 @@ impl ClusterDriver {
             NodeAction::Insert | NodeAction::Restart => {
                 let policy = *self.limits.breakers.get(group)?;
                 let breaker = self.limit_state.breakers.get_mut(group)?;
+                if breaker.recovered(&policy, now) {
+                    // A node stayed ready for the stable window: healthy.
+                    self.limit_state.breakers.remove(group);
+                    return None;
+                }
                 let opened_at = breaker.opened_at?;
                 let probe_at = opened_at.saturating_add(policy.cooldown);
+                let healthy_at = breaker
+                    .recovered_at
+                    .map(|at| at.saturating_add(policy.stable_after));
                 if now.reached(probe_at) && !breaker.probing {
                     breaker.probing = true;
                     self.limit_state.counters.breaker_probes += 1;
@@ -937,6 +961,7 @@ impl ClusterDriver {
                 } else {
                     probe_at
                 };
+                let wake = healthy_at.map_or(wake, |at| at.min(wake));
                 Some(Some(wake).filter(|at| *at > now))
             }
             _ => None,
@@ -959,6 +984,19 @@ impl ClusterDriver {
     /// closed.
     pub fn breaker(&self, group: &GroupId) -> Option<&BreakerStatus> {
         self.limit_state.breakers.get(group)
+    }
+
+    /// The breaker of `group` when it holds new attempts back at `now`: open,
+    /// and no node of the group has stayed ready for its stable window since
+    /// (such a breaker is closed by the next attempt that looks at it).
+    pub fn open_breaker(&self, group: &GroupId, now: Timestamp) -> Option<&BreakerStatus> {
+        let breaker = self.limit_state.breakers.get(group)?;
+        let recovered = self
+            .limits
+            .breakers
+            .get(group)
+            .is_some_and(|policy| breaker.recovered(policy, now));
+        (breaker.is_open() && !recovered).then_some(breaker)
     }
 
     /// Closes the breaker of `group` at once (`provision resume GROUP`).

@@ -48,6 +48,32 @@ pub struct BreakerPolicy {
     pub failures: u32,
     /// How long an open breaker waits before it lets one probe attempt start.
     pub cooldown: Duration,
+    /// How long a node of the group must stay ready before the group counts
+    /// as healthy again. A node lost sooner counts as a failed attempt and
+    /// keeps the count going, so a workload that exits right after it
+    /// joined (a typo in its start command) opens the breaker instead of
+    /// restarting forever. Zero: a node becoming ready closes the breaker at
+    /// once.
+    pub stable_after: Duration,
+}
+
+impl BreakerPolicy {
+    /// A policy that opens after `failures` consecutive failures and probes
+    /// after `cooldown`, with no stable window.
+    pub fn new(failures: u32, cooldown: Duration) -> Self {
+        BreakerPolicy {
+            failures,
+            cooldown,
+            stable_after: Duration::ZERO,
+        }
+    }
+
+    /// The same policy with a stable window.
+    #[must_use]
+    pub fn with_stable_after(mut self, stable_after: Duration) -> Self {
+        self.stable_after = stable_after;
+        self
+    }
 }
 
 /// The limits a driver applies while it applies a pass. The default limits
@@ -65,8 +91,9 @@ pub struct Limits {
 /// What a group's breaker looks like now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BreakerStatus {
-    /// Consecutive attempt failures since the group last had a node become
-    /// ready (or since its breaker was closed by hand or by a shape change).
+    /// Consecutive attempt failures since the group last had a node stay
+    /// ready for the policy's stable window (or since its breaker was closed
+    /// by hand or by a shape change).
     pub consecutive_failures: u32,
     /// When the breaker opened; `None` while it is closed.
     pub opened_at: Option<Timestamp>,
@@ -74,12 +101,23 @@ pub struct BreakerStatus {
     pub probing: bool,
     /// The last failure's reason.
     pub last_error: Option<String>,
+    /// When a node of the group became ready after the last counted
+    /// failure: once the stable window has passed since then, the group is
+    /// healthy and the breaker closes.
+    pub recovered_at: Option<Timestamp>,
 }
 
 impl BreakerStatus {
     /// Whether the breaker is open (new attempts wait for the cool-down).
     pub fn is_open(&self) -> bool {
         self.opened_at.is_some()
+    }
+
+    /// Whether a node that became ready has stayed ready for `policy`'s
+    /// stable window by `now`.
+    pub fn recovered(&self, policy: &BreakerPolicy, now: Timestamp) -> bool {
+        self.recovered_at
+            .is_some_and(|at| now.reached(at.saturating_add(policy.stable_after)))
     }
 }
 

@@ -85,6 +85,8 @@ pub enum LossCause {
     AgentGone,
     /// The provider reports that the lease no longer exists.
     LeaseGone,
+    /// The node's workload exited while the node was meant to run it.
+    WorkloadExited,
 }
 
 impl fmt::Display for LossCause {
@@ -92,6 +94,7 @@ impl fmt::Display for LossCause {
         f.write_str(match self {
             LossCause::AgentGone => "the node's agent is gone",
             LossCause::LeaseGone => "the node's lease is gone",
+            LossCause::WorkloadExited => "the node's workload exited",
         })
     }
 }

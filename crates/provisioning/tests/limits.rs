@@ -205,13 +205,7 @@ fn a_breaker_opens_after_consecutive_failures_lets_one_probe_through_and_resume_
     let mut d = driver();
     let g = GroupId::new("g");
     d.set_limits(Limits {
-        breakers: BTreeMap::from([(
-            g.clone(),
-            BreakerPolicy {
-                failures: 3,
-                cooldown: Duration::from_secs(300),
-            },
-        )]),
+        breakers: BTreeMap::from([(g.clone(), BreakerPolicy::new(3, Duration::from_secs(300)))]),
         ..Limits::default()
     });
     d.update_desired(shape(1, vec![group("g", 1, "img")]))
@@ -261,13 +255,7 @@ fn a_shape_change_of_the_group_closes_its_breaker() {
     let mut d = driver();
     let g = GroupId::new("g");
     d.set_limits(Limits {
-        breakers: BTreeMap::from([(
-            g.clone(),
-            BreakerPolicy {
-                failures: 1,
-                cooldown: Duration::from_secs(3600),
-            },
-        )]),
+        breakers: BTreeMap::from([(g.clone(), BreakerPolicy::new(1, Duration::from_secs(3600)))]),
         ..Limits::default()
     });
     d.update_desired(shape(1, vec![group("g", 1, "bad")]))
@@ -280,4 +268,92 @@ fn a_shape_change_of_the_group_closes_its_breaker() {
     assert_eq!(d.breaker(&g), None);
     converge(&mut d, &mut sink, at(120_000));
     assert!(d.is_converged());
+}
+
+/// Converges, then loses the group's one node at `lost_at` each time it is
+/// ready; returns how many losses it took to open the breaker (or `None`).
+fn lose_when_ready(
+    d: &mut ClusterDriver,
+    sink: &mut RecordingSink,
+    start: u64,
+    ready_for: u64,
+) -> Option<u32> {
+    let g = GroupId::new("g");
+    let mut now = start;
+    for loss in 1..=10 {
+        converge(d, sink, at(now));
+        if !d.is_converged() {
+            return None;
+        }
+        now += ready_for;
+        let (id, node) = d.state().nodes.iter().next().unwrap();
+        let lost = provisioning::Observation::NodeLost {
+            node: id.clone(),
+            attempt: node.attempt,
+            cause: provisioning::LossCause::AgentGone,
+        };
+        d.apply_observation(&lost, at(now)).unwrap();
+        if d.open_breaker(&g, at(now)).is_some() {
+            return Some(loss);
+        }
+        // The replacement starts after its backoff.
+        now += 70_000;
+    }
+    None
+}
+
+#[test]
+fn nodes_lost_right_after_they_became_ready_open_the_breaker_of_a_stable_window() {
+    let g = GroupId::new("g");
+    let policy =
+        BreakerPolicy::new(3, Duration::from_secs(300)).with_stable_after(Duration::from_secs(10));
+    let mut d = driver();
+    d.set_limits(Limits {
+        breakers: BTreeMap::from([(g.clone(), policy)]),
+        ..Limits::default()
+    });
+    d.update_desired(shape(1, vec![group("g", 1, "img")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    // Ready, then gone a second later: a workload that exits at once.
+    assert_eq!(lose_when_ready(&mut d, &mut sink, 0, 1_000), Some(3));
+    let breaker = d.open_breaker(&g, at(u64::MAX / 4)).unwrap();
+    assert!(
+        breaker
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("agent is gone"),
+        "{breaker:?}"
+    );
+
+    // Without the window, each ready closes the breaker again: it never opens.
+    let mut d = driver();
+    d.set_limits(Limits {
+        breakers: BTreeMap::from([(g.clone(), BreakerPolicy::new(3, Duration::from_secs(300)))]),
+        ..Limits::default()
+    });
+    d.update_desired(shape(1, vec![group("g", 1, "img")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    assert_eq!(lose_when_ready(&mut d, &mut sink, 0, 1_000), None);
+}
+
+#[test]
+fn a_node_that_stays_ready_for_the_stable_window_makes_the_group_healthy_again() {
+    let g = GroupId::new("g");
+    let policy =
+        BreakerPolicy::new(3, Duration::from_secs(300)).with_stable_after(Duration::from_secs(10));
+    let mut d = driver();
+    d.set_limits(Limits {
+        breakers: BTreeMap::from([(g.clone(), policy)]),
+        ..Limits::default()
+    });
+    d.update_desired(shape(1, vec![group("g", 1, "img")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    // Each node stays ready past the window before it is lost: every loss
+    // is a first failure, and the breaker never opens.
+    assert_eq!(lose_when_ready(&mut d, &mut sink, 0, 11_000), None);
+    assert_eq!(d.breaker(&g).unwrap().consecutive_failures, 1);
 }
