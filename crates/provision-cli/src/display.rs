@@ -326,3 +326,82 @@ pub(crate) fn status_table(snapshot: &StatusSnapshot) -> String {
     }
     out
 }
+
+/// The ids of a snapshot's nodes, for an error that names a missing one
+/// (the first few, when there are many).
+pub(crate) fn node_list(snapshot: &StatusSnapshot) -> String {
+    const SHOWN: usize = 8;
+    if snapshot.nodes.is_empty() {
+        return "none".to_owned();
+    }
+    let ids: Vec<&str> = snapshot
+        .nodes
+        .iter()
+        .take(SHOWN)
+        .map(|n| n.id.as_str())
+        .collect();
+    let more = snapshot.nodes.len().saturating_sub(SHOWN);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!("{}{more}", ids.join(", "))
+}
+
+/// One node, its facts and its last transitions (`provision status NODE`).
+pub(crate) fn node_details(node: &NodeStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "node {}  group {}  attempt {}  stage {}{}  ready {}",
+        node.id,
+        node.group,
+        node.attempt,
+        node.stage,
+        if node.deleting {
+            " (being removed)"
+        } else {
+            ""
+        },
+        if node.ready { "yes" } else { "no" },
+    );
+    if let Some(endpoint) = &node.endpoint {
+        let _ = writeln!(out, "endpoint {endpoint}");
+    }
+    if let Some(pending) = &node.pending {
+        let _ = writeln!(out, "pending {pending}");
+    }
+    if node.consecutive_failures > 0 {
+        let _ = writeln!(out, "failures in a row {}", node.consecutive_failures);
+    }
+    if let Some(error) = &node.last_error {
+        let _ = writeln!(out, "last error {error}");
+    }
+    if node.history.is_empty() {
+        let _ = writeln!(out, "no history kept");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:>10}  {:>8}  {:<22} {:<5}  REASON",
+        "AT", "ATTEMPT", "STAGE", "READY"
+    );
+    for entry in &node.history {
+        let stage = if entry.deleting {
+            format!("{} (rm)", entry.stage)
+        } else {
+            entry.stage.clone()
+        };
+        let _ = writeln!(
+            out,
+            "{:>9.3}s  {:>8}  {:<22} {:<5}  {}",
+            entry.at_ms as f64 / 1000.0,
+            entry.attempt,
+            stage,
+            if entry.ready { "yes" } else { "no" },
+            entry.reason.as_deref().unwrap_or(""),
+        );
+    }
+    out
+}

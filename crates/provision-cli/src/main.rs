@@ -74,8 +74,10 @@ enum Command {
         #[arg(long)]
         plain: bool,
     },
-    /// Shows the state of a running `up`.
+    /// Shows the state of a running `up`, or one node's details and history.
     Status {
+        /// A node (`{group}-{index}`) to show with its last transitions.
+        node: Option<String>,
         /// Prints JSON.
         #[arg(long)]
         json: bool,
@@ -207,7 +209,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             shutdown_timeout: Duration::from_secs(shutdown_timeout),
             live: !plain && std::io::stdout().is_terminal(),
         })),
-        Command::Status { json, run } => runtime()?.block_on(status(&location, run, json)),
+        Command::Status { node, json, run } => {
+            runtime()?.block_on(status(&location, run, node, json))
+        }
         Command::Plan { file, json } => runtime()?.block_on(plan(&location, &file, json)),
         Command::Down { run, timeout } => {
             runtime()?.block_on(down(&location, &state, run, Duration::from_secs(timeout)))
@@ -231,6 +235,7 @@ pub(crate) fn print(text: &str) {
 async fn status(
     location: &SocketLocation,
     run: Option<String>,
+    node: Option<String>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let socket = location.find(run.as_deref()).map_err(anyhow::Error::msg)?;
@@ -239,6 +244,22 @@ async fn status(
         .map_err(anyhow::Error::msg)?;
     match response {
         Response::Status { status } => {
+            if let Some(node) = node {
+                let Some(found) = status.nodes.iter().find(|n| n.id == node) else {
+                    eprintln!(
+                        "provision: run {} has no node {node:?} (its nodes: {})",
+                        status.run_id,
+                        display::node_list(&status)
+                    );
+                    return Ok(ExitCode::from(2));
+                };
+                if json {
+                    print(&format!("{}\n", serde_json::to_string_pretty(found)?));
+                } else {
+                    print(&display::node_details(found));
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             if json {
                 print(&format!("{}\n", serde_json::to_string_pretty(&status)?));
             } else {

@@ -1162,6 +1162,35 @@ fn a_workload_that_exits_at_once_pauses_its_group_instead_of_restarting_forever(
             .up_output()
             .contains("paused after 3 failed attempts")
     );
+
+    // The node's history says what happened, in text and in JSON.
+    let details = cluster.run(&["status", "web-0", "--run", &cluster.run]);
+    assert!(details.status.success());
+    let text = String::from_utf8_lossy(&details.stdout).into_owned();
+    assert!(text.starts_with("node web-0  group web"), "{text}");
+    assert!(text.contains("swarm-joined"), "{text}");
+    assert!(text.contains("the node's workload exited"), "{text}");
+    let json = cluster.run(&["status", "web-0", "--json", "--run", &cluster.run]);
+    let node: serde_json::Value = serde_json::from_slice(&json.stdout).expect("node json");
+    let history = node["history"].as_array().expect("history");
+    assert!(history.len() >= 4, "{node}");
+    assert!(
+        history
+            .iter()
+            .any(|t| t["reason"].as_str() == Some("the node's workload exited")),
+        "{node}"
+    );
+    let attempts: Vec<u64> = history
+        .iter()
+        .filter_map(|t| t["attempt"].as_u64())
+        .collect();
+    assert!(
+        attempts.windows(2).all(|w| w[0] <= w[1]),
+        "oldest first: {attempts:?}"
+    );
+    let missing = cluster.run(&["status", "web-9", "--run", &cluster.run]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("has no node \"web-9\""));
 }
 
 // ---------------------------------------------------------------------------

@@ -117,6 +117,9 @@ pub struct HostConfig {
     pub shutdown_deadline: Duration,
     /// Launch caps, rollout budgets and breakers (none by default).
     pub limits: provisioning::Limits,
+    /// How many transitions each node's history keeps (shown by `status`);
+    /// 0 keeps none.
+    pub history_depth: usize,
 }
 
 impl HostConfig {
@@ -128,9 +131,14 @@ impl HostConfig {
             safety_tick: DEFAULT_SAFETY_TICK,
             shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
             limits: provisioning::Limits::default(),
+            history_depth: DEFAULT_HISTORY_DEPTH,
         }
     }
 }
+
+/// How many transitions each node keeps by default: enough to see a whole
+/// bring-up and the failure before it.
+pub const DEFAULT_HISTORY_DEPTH: usize = 16;
 
 type ShutdownHook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 
@@ -640,6 +648,7 @@ impl Host {
         let (finished_tx, finished) = watch::channel(None);
 
         let mut driver = driver;
+        driver.set_history_depth(config.history_depth);
         if config.limits != provisioning::Limits::default() {
             driver.set_limits(config.limits.clone());
         }

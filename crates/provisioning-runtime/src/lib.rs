@@ -22,9 +22,11 @@ pub use durable::{
     DEFAULT_ORPHAN_GRACE, DEFAULT_ORPHAN_SCAN_INTERVAL, Durability, DurabilityError, ResumeSummary,
 };
 pub use host::{
-    AppliedRevision, Host, HostConfig, HostError, HostHandle, PluginEntry, ShutdownOutcome,
-    ShutdownReport,
+    AppliedRevision, DEFAULT_HISTORY_DEPTH, Host, HostConfig, HostError, HostHandle, PluginEntry,
+    ShutdownOutcome, ShutdownReport,
 };
 pub use plan::{ChangeKind, PlanReport, PlannedChange, PlannedStep, plan_against};
 pub use spawner::TokioSpawner;
-pub use status::{DurabilityStatus, GroupStatus, HostPhase, NodeStatus, StatusSnapshot};
+pub use status::{
+    DurabilityStatus, GroupStatus, HostPhase, NodeStatus, StatusSnapshot, TransitionStatus,
+};

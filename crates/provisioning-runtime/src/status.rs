@@ -123,6 +123,28 @@ pub struct NodeStatus {
     pub consecutive_failures: u32,
     /// The last error, for operators.
     pub last_error: Option<String>,
+    /// The node's last transitions, oldest first (empty when the host keeps
+    /// no history).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<TransitionStatus>,
+}
+
+/// One transition of a node's history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransitionStatus {
+    /// Milliseconds after the host started.
+    pub at_ms: u64,
+    /// The attempt after the transition.
+    pub attempt: u64,
+    /// The stage after the transition.
+    pub stage: String,
+    /// Whether the node was being torn down.
+    pub deleting: bool,
+    /// Whether the node was ready.
+    pub ready: bool,
+    /// Why, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl StatusSnapshot {
@@ -141,7 +163,22 @@ impl StatusSnapshot {
                 if is_desired && node.is_ready() {
                     *ready_by_group.entry(id.group().as_str()).or_default() += 1;
                 }
-                node_status(id.to_string(), id.group().to_string(), node, is_desired)
+                let mut status =
+                    node_status(id.to_string(), id.group().to_string(), node, is_desired);
+                if let Some(history) = driver.history(id) {
+                    status.history = history
+                        .entries()
+                        .map(|t| TransitionStatus {
+                            at_ms: t.at.as_millis(),
+                            attempt: t.attempt.get(),
+                            stage: t.stage.name().to_owned(),
+                            deleting: t.deleting,
+                            ready: t.ready,
+                            reason: t.reason.clone(),
+                        })
+                        .collect();
+                }
+                status
             })
             .collect();
         let groups = desired
@@ -209,5 +246,6 @@ fn node_status(id: String, group: String, node: &ManagedNode, desired: bool) -> 
         endpoint: node.record.endpoint.as_ref().map(|e| e.endpoint.0.clone()),
         consecutive_failures: node.retry.consecutive_failures,
         last_error: node.retry.last_error.clone(),
+        history: Vec::new(),
     }
 }

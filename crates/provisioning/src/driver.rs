@@ -20,6 +20,7 @@ use crate::durable::{
     RecoveryReport, Shift,
 };
 use crate::effect::{EffectError, EffectKind, EffectRequest, ExecutorResult, Operation};
+use crate::history::{NodeHistory, Transition};
 use crate::id::{AttemptAllocator, GroupId};
 use crate::id::{Generation, IdError, LogicalNodeId, NodeAttemptId, OperationId, RunId};
 use crate::limits::{BreakerStatus, LimitCounters, Limits};
@@ -375,6 +376,9 @@ pub struct ClusterDriver {
     changes: Option<ChangeTracker>,
     limits: Limits,
     limit_state: LimitState,
+    /// How many transitions each node keeps; 0 keeps no history.
+    history_depth: usize,
+    history: BTreeMap<LogicalNodeId, NodeHistory>,
 }
 
 impl ClusterDriver {
@@ -405,6 +409,8 @@ impl ClusterDriver {
             changes: None,
             limits: Limits::default(),
             limit_state: LimitState::default(),
+            history_depth: 0,
+            history: BTreeMap::new(),
         };
         for node in driver.state.nodes.values() {
             if node
@@ -765,6 +771,7 @@ impl ClusterDriver {
             self.create_finished(&next.spec.template().provider);
         }
         self.limit_events(node_id, before, &next, now);
+        self.note_history(node_id, &next, now);
         self.state.nodes.insert(node_id.clone(), next);
         self.touch(node_id);
         Ok(())
@@ -1063,6 +1070,7 @@ impl ClusterDriver {
         if next != *node {
             let before = (node.record.stage == NodeStage::Failed, node.is_ready());
             self.limit_events(node_id, before, &next, now);
+            self.note_history(node_id, &next, now);
             self.state.nodes.insert(node_id.clone(), next);
             self.touch(node_id);
         }
@@ -1234,6 +1242,7 @@ impl ClusterDriver {
         now: Timestamp,
         sink: &mut dyn OperationSink,
     ) -> Result<(), NodeError> {
+        let teardown_reason = (action == NodeAction::BeginDelete).then(|| self.teardown_reason(id));
         match action {
             NodeAction::Insert | NodeAction::Restart => {
                 let Some(spec) = self.desired.spec(id) else {
@@ -1250,6 +1259,7 @@ impl ClusterDriver {
                 let attempt = self.state.attempts.allocate()?;
                 self.meta_changed();
                 let node = ManagedNode::new(spec, attempt, retry);
+                self.note_history(id, &node, now);
                 if action == NodeAction::Insert {
                     // Merged into the map at the end of the pass.
                     self.inserted.insert(id.clone(), node);
@@ -1259,6 +1269,7 @@ impl ClusterDriver {
             }
             NodeAction::Reap => {
                 self.state.nodes.remove(id);
+                self.history.remove(id);
                 self.schedule.forget(id);
                 self.node_changed(id);
                 return Ok(());
@@ -1284,8 +1295,64 @@ impl ClusterDriver {
             }
             NodeAction::None | NodeAction::Dispatch(_) => return Ok(()),
         }
+        if self.history_depth > 0
+            && !matches!(action, NodeAction::Insert | NodeAction::Restart)
+            && let Some(node) = self.state.nodes.get(id)
+        {
+            let entry = Transition::of(node, now, teardown_reason);
+            let depth = self.history_depth;
+            self.history
+                .entry(id.clone())
+                .or_default()
+                .note(entry, depth);
+        }
         self.touch(id);
         Ok(())
+    }
+
+    /// Why a teardown of `id` begins, in words (for its history).
+    fn teardown_reason(&self, id: &LogicalNodeId) -> String {
+        let Some(node) = self.state.nodes.get(id) else {
+            return "torn down".to_owned();
+        };
+        match self.desired.spec(id) {
+            None => "scaled down: the slot is no longer desired".to_owned(),
+            Some(spec) if spec != node.spec => "drifted: the group's spec changed".to_owned(),
+            Some(_) => match &node.record.failure {
+                Some(failure) => format!("failed: {}", failure.reason),
+                None => "torn down".to_owned(),
+            },
+        }
+    }
+
+    /// Notes `node`'s condition in the history of `id` (when history is on).
+    fn note_history(&mut self, id: &LogicalNodeId, node: &ManagedNode, now: Timestamp) {
+        if self.history_depth == 0 {
+            return;
+        }
+        let reason = (node.record.stage == NodeStage::Failed)
+            .then(|| node.record.failure.as_ref().map(|f| f.reason.clone()))
+            .flatten();
+        let entry = Transition::of(node, now, reason);
+        let depth = self.history_depth;
+        self.history
+            .entry(id.clone())
+            .or_default()
+            .note(entry, depth);
+    }
+
+    /// Keeps the last `depth` transitions of every node from now on (0, the
+    /// default, keeps none and forgets what was kept).
+    pub fn set_history_depth(&mut self, depth: usize) {
+        self.history_depth = depth;
+        if depth == 0 {
+            self.history.clear();
+        }
+    }
+
+    /// The kept transitions of `id`, oldest first.
+    pub fn history(&self, id: &LogicalNodeId) -> Option<&NodeHistory> {
+        self.history.get(id)
     }
 
     fn dispatch(
@@ -1316,6 +1383,14 @@ impl ClusterDriver {
         node.pending = Some(pending.clone());
         if kind == EffectKind::CreateLease && node.record.stage == NodeStage::New {
             node.record.stage = NodeStage::LeaseRequested;
+            if self.history_depth > 0 {
+                let entry = Transition::of(node, now, None);
+                let depth = self.history_depth;
+                self.history
+                    .entry(id.clone())
+                    .or_default()
+                    .note(entry, depth);
+            }
         }
         if kind == EffectKind::CreateLease {
             let provider = &node.spec.template().provider;

@@ -96,6 +96,7 @@ pub mod driver;
 pub mod durable;
 pub mod effect;
 pub mod executor;
+pub mod history;
 pub mod id;
 pub mod limits;
 pub mod observe;
@@ -123,6 +124,7 @@ pub use id::{
     AttemptAllocator, Generation, GroupId, IdError, LogicalNodeId, NodeAttemptId, OperationId,
     OperationSequence, RunId,
 };
+pub use history::{NodeHistory, Transition};
 pub use limits::{BreakerPolicy, BreakerStatus, LimitCounters, Limits, MaxUnavailable};
 pub use observe::{BootstrapEvent, BootstrapRejection, LossCause, Observation};
 pub use policy::RetryPolicy;

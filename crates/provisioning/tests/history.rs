@@ -1,0 +1,132 @@
+//! Per-node history (SPEC §15): the last transitions of each node, with
+//! time and reason, kept only when asked for and bounded.
+
+mod common;
+
+use common::*;
+use provisioning::{EffectError, EffectKind, NodeStage};
+
+fn stages(d: &provisioning::ClusterDriver, id: &str) -> Vec<(NodeStage, bool, bool)> {
+    d.history(&node(id))
+        .map(|h| {
+            h.entries()
+                .map(|t| (t.stage, t.deleting, t.ready))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_driver_keeps_no_history_unless_asked() {
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 2, "img")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    converge(&mut d, &mut sink, at(0));
+    assert!(d.is_converged());
+    assert!(d.history(&node("g-0")).is_none());
+}
+
+#[test]
+fn a_bring_up_is_recorded_stage_by_stage_with_its_times() {
+    let mut d = driver();
+    d.set_history_depth(16);
+    d.update_desired(shape(1, vec![group("g", 1, "img")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    converge(&mut d, &mut sink, at(5));
+    let seen = stages(&d, "g-0");
+    assert_eq!(seen.first(), Some(&(NodeStage::New, false, false)));
+    assert_eq!(
+        seen.get(1),
+        Some(&(NodeStage::LeaseRequested, false, false))
+    );
+    assert!(
+        seen.contains(&(NodeStage::LeaseCreated, false, false)),
+        "{seen:?}"
+    );
+    let last = seen.last().unwrap();
+    assert!(last.2, "the newest entry is ready: {seen:?}");
+    for entry in d.history(&node("g-0")).unwrap().entries() {
+        assert_eq!(entry.at, at(5));
+        assert_eq!(entry.attempt, d.state().nodes[&node("g-0")].attempt);
+    }
+    // No two neighbours describe the same condition.
+    assert!(seen.windows(2).all(|w| w[0] != w[1]), "{seen:?}");
+}
+
+#[test]
+fn a_failure_and_the_teardown_it_causes_carry_their_reasons_and_history_is_bounded() {
+    let mut d = driver();
+    d.set_history_depth(4);
+    d.update_desired(shape(1, vec![group("g", 1, "img")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    for _ in 0..16 {
+        d.drive_until_blocked(now, &mut sink).unwrap();
+        let ops = sink.take();
+        if ops.is_empty() {
+            break;
+        }
+        for op in ops {
+            let outcome = if op.kind() == EffectKind::StartBootstrap {
+                reply(&op, Err(EffectError::definite("sh: srve: not found")))
+            } else {
+                success(&op)
+            };
+            d.apply_executor_result(&outcome, now).unwrap();
+        }
+    }
+    let history = d.history(&node("g-0")).unwrap();
+    assert!(history.entries().len() <= 4, "bounded: {history:?}");
+    let failed = history
+        .entries()
+        .find(|t| t.stage == NodeStage::Failed && !t.deleting)
+        .expect("the failure is kept");
+    assert!(
+        failed
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("srve: not found"),
+        "{failed:?}"
+    );
+    let teardown = history
+        .entries()
+        .find(|t| t.deleting)
+        .expect("teardown kept");
+    assert!(
+        teardown.reason.as_deref().unwrap().starts_with("failed: "),
+        "{teardown:?}"
+    );
+}
+
+#[test]
+fn scale_down_says_why_and_a_reaped_node_forgets_its_history() {
+    let mut d = driver();
+    d.set_history_depth(32);
+    d.update_desired(shape(1, vec![group("g", 2, "img")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    converge(&mut d, &mut sink, at(0));
+    d.update_desired(shape(2, vec![group("g", 1, "img")]))
+        .unwrap();
+    d.drive_until_blocked(at(10), &mut sink).unwrap();
+    let deleting = d
+        .history(&node("g-1"))
+        .unwrap()
+        .entries()
+        .find(|t| t.deleting)
+        .cloned()
+        .expect("the teardown is noted");
+    assert_eq!(
+        deleting.reason.as_deref(),
+        Some("scaled down: the slot is no longer desired")
+    );
+    assert_eq!(deleting.at, at(10));
+    converge(&mut d, &mut sink, at(20));
+    assert!(d.is_converged());
+    assert!(d.history(&node("g-1")).is_none(), "reaped with its node");
+    assert!(d.history(&node("g-0")).is_some());
+}
