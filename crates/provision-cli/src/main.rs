@@ -46,6 +46,10 @@ struct Cli {
     /// More logging on stderr (-v info, -vv debug, -vvv trace); RUST_LOG wins.
     #[arg(short, long, action = ArgAction::Count, global = true)]
     verbose: u8,
+    /// How log lines on stderr look: `text` (coloured only on a terminal)
+    /// or `json`, one object per line, for log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// The directory of the control sockets (one per run).
     #[arg(long, global = true, env = "PROVISION_SOCKET_DIR", value_name = "DIR")]
     socket_dir: Option<PathBuf>,
@@ -58,6 +62,15 @@ struct Cli {
     state_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The form of log lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -73,6 +86,10 @@ enum Command {
         /// Plain lines instead of live progress bars, even on a terminal.
         #[arg(long)]
         plain: bool,
+        /// Serves Prometheus metrics at http://ADDR/metrics (e.g.
+        /// 127.0.0.1:9464).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Shows the state of a running `up`, or one node's details and history.
     Status {
@@ -149,7 +166,7 @@ fn main() -> ExitCode {
         }
     }
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, cli.log_format);
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
@@ -159,7 +176,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(match verbose {
             0 => "warn",
@@ -172,11 +189,13 @@ fn init_logging(verbose: u8) {
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),
     );
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(colour)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(colour).try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
 }
 
 /// Whether log lines get ANSI colours: only on a terminal, and never when
@@ -202,12 +221,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             file,
             shutdown_timeout,
             plain,
+            metrics,
         } => runtime()?.block_on(up::run(up::UpOptions {
             file,
             location,
             state,
             shutdown_timeout: Duration::from_secs(shutdown_timeout),
             live: !plain && std::io::stdout().is_terminal(),
+            metrics,
         })),
         Command::Status { node, json, run } => {
             runtime()?.block_on(status(&location, run, node, json))

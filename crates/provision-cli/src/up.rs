@@ -38,6 +38,8 @@ pub(crate) struct UpOptions {
     pub(crate) shutdown_timeout: Duration,
     /// Live bars (a terminal) or plain lines.
     pub(crate) live: bool,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 /// Removes the control socket when `up` ends, however it ends.
@@ -80,6 +82,16 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
         Ok(secret) => secret,
         Err(message) => return Ok(refused(&message)),
     };
+    if let Some(address) = options.metrics {
+        if let Err(error) = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(address)
+            .install()
+        {
+            return Ok(refused(&format!(
+                "cannot serve metrics on {address}: {error}"
+            )));
+        }
+    }
     let socket = options.location.for_run(source.run_id.as_str());
     let listener = control::claim(&socket).await.map_err(anyhow::Error::msg)?;
     let _socket_file = SocketFile(socket.clone());
@@ -101,8 +113,12 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
         source.limits.clone(),
         durability,
         options.shutdown_timeout,
+        options.metrics.is_some(),
     )
     .await?;
+    if let Some(address) = options.metrics {
+        console.line(format!("metrics at http://{address}/metrics"));
+    }
     let handle = host.handle();
 
     match handle
@@ -192,6 +208,7 @@ async fn start_host(
     limits: provisioning::Limits,
     durability: Durability,
     shutdown_timeout: Duration,
+    metrics: bool,
 ) -> anyhow::Result<Host> {
     let mut plugins = local::start_plugins(run_id, secret, &source.process).await?;
     if let Some(exec) = &source.exec {
@@ -201,6 +218,7 @@ async fn start_host(
     config.limits = limits;
     config.policy = local::retry_policy();
     config.shutdown_deadline = shutdown_timeout;
+    config.metrics = metrics;
     Ok(Host::start_durable(config, plugins, durability)?)
 }
 
@@ -269,7 +287,7 @@ pub(crate) async fn down_from_state(
         exec: None,
     };
     let limits = provisioning::Limits::default();
-    let host = start_host(&run_id, secret, &source, limits, durability, timeout).await?;
+    let host = start_host(&run_id, secret, &source, limits, durability, timeout, false).await?;
     let report = host.handle().shutdown().await;
     host.join().await;
     Ok(match report.outcome {

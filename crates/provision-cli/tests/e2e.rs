@@ -102,12 +102,18 @@ impl Cluster {
 
     /// Starts `up` with `args` before its own (`-v`, say).
     fn start_with(&mut self, args: &[&str]) {
+        self.start_up(args, &[]);
+    }
+
+    /// Starts `up` with global `args` before it and `up_args` after it.
+    fn start_up(&mut self, args: &[&str], up_args: &[&str]) {
         let stdout = fs::File::create(self.dir.path().join("up.out")).expect("stdout file");
         let stderr = fs::File::create(self.dir.path().join("up.err")).expect("stderr file");
         let file = self.file();
         let child = self
             .command(args)
             .args(["up", "--plain", "--shutdown-timeout", "30"])
+            .args(up_args)
             .arg(&file)
             .stdout(stdout)
             .stderr(stderr)
@@ -1191,6 +1197,164 @@ fn a_workload_that_exits_at_once_pauses_its_group_instead_of_restarting_forever(
     let missing = cluster.run(&["status", "web-9", "--run", &cluster.run]);
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("has no node \"web-9\""));
+}
+
+/// One GET over loopback, answered in full (the exporter closes or sends a
+/// length); returns the status line's code and the body.
+fn http_get(address: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no header end"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line: {head}")))?;
+    Ok((code, body.to_owned()))
+}
+
+/// The value of the sample `name{labels}` in a Prometheus text body.
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (key, value) = line.rsplit_once(' ')?;
+            (key == series).then(|| value.parse().ok()).flatten()
+        })
+}
+
+#[test]
+fn a_metrics_scrape_parses_and_matches_status() {
+    let mut cluster = Cluster::new("metrics");
+    let address = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        probe.local_addr().expect("address")
+    };
+    let text = shape(
+        &cluster.run,
+        &[("web", 3, "sleep 600"), ("db", 1, "sleep 600")],
+    );
+    cluster.write_text(&text);
+    cluster.start_up(&[], &["--metrics", &address.to_string()]);
+    let status = cluster.wait_converged(1);
+    assert!(
+        cluster
+            .up_output()
+            .contains(&format!("metrics at http://{address}/metrics"))
+    );
+    // Gauges follow the published snapshot; give the exporter a moment.
+    let mut body = String::new();
+    for _ in 0..50 {
+        let (code, text) = http_get(address, "/metrics").expect("scrape");
+        assert_eq!(code, 200, "{text}");
+        body = text;
+        if sample(&body, "provision_nodes_ready{group=\"web\"}") == Some(3.0) {
+            break;
+        }
+        sleep(Duration::from_millis(200));
+    }
+    for group in status["groups"].as_array().unwrap() {
+        let id = group["id"].as_str().unwrap();
+        for (metric, field) in [
+            ("provision_nodes_desired", "desired"),
+            ("provision_nodes_ready", "ready"),
+        ] {
+            let series = format!("{metric}{{group=\"{id}\"}}");
+            assert_eq!(
+                sample(&body, &series),
+                group[field].as_f64(),
+                "{series} against status:\n{body}"
+            );
+        }
+        assert_eq!(
+            sample(&body, &format!("provision_group_paused{{group=\"{id}\"}}")),
+            Some(0.0)
+        );
+    }
+    let dormant = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["group"] == "web" && n["stage"] == "dormant")
+        .count();
+    assert_eq!(
+        sample(&body, "provision_nodes{group=\"web\",stage=\"dormant\"}"),
+        Some(dormant as f64),
+        "{body}"
+    );
+    // Every node took one create-lease: four answered successfully.
+    assert_eq!(
+        sample(
+            &body,
+            "provision_operations_total{kind=\"create-lease\",outcome=\"ok\"}"
+        ),
+        Some(4.0),
+        "{body}"
+    );
+    assert!(
+        body.contains("provision_operation_duration_seconds"),
+        "{body}"
+    );
+    assert!(
+        sample(&body, "provision_passes_total").is_some_and(|p| p >= 1.0),
+        "{body}"
+    );
+
+    // A second `up` cannot take the same address: a clear refusal.
+    let other = Cluster::new("metrics-busy");
+    let busy_text = shape(&other.run, &[("web", 1, "sleep 600")]);
+    other.write_text(&busy_text);
+    let refused = other.run(&[
+        "up",
+        "--plain",
+        "--metrics",
+        &address.to_string(),
+        other.file().to_str().unwrap(),
+    ]);
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains(&format!("cannot serve metrics on {address}")),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
+#[test]
+fn json_logs_are_one_object_per_line_without_colour_codes() {
+    let mut cluster = Cluster::new("jsonlog");
+    let text = shape(&cluster.run, &[("web", 1, "sleep 600")]);
+    cluster.write_text(&text);
+    cluster.start_with(&["-v", "--log-format", "json"]);
+    cluster.wait_converged(1);
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    assert!(down.status.success());
+    cluster.wait_up_exit();
+    let stderr = fs::read_to_string(cluster.dir.path().join("up.err")).unwrap();
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "-v logs something");
+    for line in lines {
+        assert!(!line.contains('\u{1b}'), "no ANSI codes: {line:?}");
+        let object: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        assert!(
+            object["level"].is_string() && object["fields"].is_object(),
+            "{line}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

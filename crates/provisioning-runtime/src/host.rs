@@ -120,6 +120,9 @@ pub struct HostConfig {
     /// How many transitions each node's history keeps (shown by `status`);
     /// 0 keeps none.
     pub history_depth: usize,
+    /// Whether the host reports to the `metrics` facade (see the table in
+    /// the crate's `metrics` module); off by default.
+    pub metrics: bool,
 }
 
 impl HostConfig {
@@ -132,6 +135,7 @@ impl HostConfig {
             shutdown_deadline: DEFAULT_SHUTDOWN_DEADLINE,
             limits: provisioning::Limits::default(),
             history_depth: DEFAULT_HISTORY_DEPTH,
+            metrics: false,
         }
     }
 }
@@ -672,6 +676,7 @@ impl Host {
             dropped,
             durable,
             status_dirty: true,
+            stage_gauges: std::sync::Mutex::default(),
             published_at: None,
             publish_cost: Duration::ZERO,
         };
@@ -747,6 +752,8 @@ struct HostLoop {
     published_at: Option<Instant>,
     /// What building the last published snapshot cost.
     publish_cost: Duration,
+    /// The (group, stage) gauges set by the last published snapshot.
+    stage_gauges: std::sync::Mutex<BTreeSet<(String, String)>>,
 }
 
 /// The journal side of a durable host loop.
@@ -911,7 +918,7 @@ impl HostLoop {
         };
         self.last_wake_at = now;
         for result in executor.take_results() {
-            fold_result(&mut self.driver, &result, now);
+            fold_result(&mut self.driver, &result, now, self.config.metrics);
         }
         let mut folded = 0;
         while folded < MAX_OBSERVATIONS_PER_WAKE {
@@ -929,7 +936,7 @@ impl HostLoop {
         }
         for due in self.driver.pending_operations_due(now) {
             match executor.expire(due.op) {
-                Some(result) => fold_result(&mut self.driver, &result, now),
+                Some(result) => fold_result(&mut self.driver, &result, now, self.config.metrics),
                 None => {
                     if let Err(error) = self.driver.operation_timed_out(&due.node, due.op, now) {
                         tracing::debug!(node = %due.node, op = %due.op, "timeout not folded: {error}");
@@ -939,8 +946,12 @@ impl HostLoop {
         }
         match &mut self.durable {
             None => {
+                let started = self.config.metrics.then(Instant::now);
                 match self.driver.drive_until_blocked(now, executor) {
                     Ok(report) => {
+                        if let Some(started) = started {
+                            crate::metrics::drive(report.passes, started.elapsed());
+                        }
                         if report.dispatched > 0 || report.refused > 0 {
                             tracing::debug!(
                                 passes = report.passes,
@@ -960,8 +971,14 @@ impl HostLoop {
             }
             Some(durable) => {
                 let mut batch = Batch::default();
-                if let Err(error) = self.driver.drive_until_blocked(now, &mut batch) {
-                    tracing::warn!("reconcile pass failed: {error}");
+                let started = self.config.metrics.then(Instant::now);
+                match self.driver.drive_until_blocked(now, &mut batch) {
+                    Ok(report) => {
+                        if let Some(started) = started {
+                            crate::metrics::drive(report.passes, started.elapsed());
+                        }
+                    }
+                    Err(error) => tracing::warn!("reconcile pass failed: {error}"),
                 }
                 if self.driver.has_changes() {
                     self.status_dirty = true;
@@ -986,7 +1003,7 @@ impl HostLoop {
                         kind: operation.kind(),
                         outcome: Err(EffectError::definite(refused)),
                     };
-                    fold_result(&mut self.driver, &result, now);
+                    fold_result(&mut self.driver, &result, now, self.config.metrics);
                 }
             }
         }
@@ -1154,6 +1171,13 @@ impl HostLoop {
 
     fn publish(&self) {
         let fresh = self.snapshot();
+        if self.config.metrics {
+            let mut previous = self
+                .stage_gauges
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            crate::metrics::gauges(&fresh, &mut previous);
+        }
         self.progress.send_if_modified(|current| {
             let changed = fresh.differs_from(current);
             if changed {
@@ -1360,7 +1384,22 @@ impl HostLoop {
     }
 }
 
-fn fold_result(driver: &mut ClusterDriver, result: &ExecutorResult, now: Timestamp) {
+fn fold_result(driver: &mut ClusterDriver, result: &ExecutorResult, now: Timestamp, metrics: bool) {
+    if metrics {
+        let latency = driver
+            .state()
+            .nodes
+            .get(&result.node)
+            .and_then(|node| node.pending.as_ref())
+            .filter(|pending| pending.id == result.op)
+            .map(|pending| {
+                Duration::from_millis(
+                    now.as_millis()
+                        .saturating_sub(pending.dispatched_at.as_millis()),
+                )
+            });
+        crate::metrics::operation(result, latency);
+    }
     match driver.apply_executor_result(result, now) {
         Ok(()) => {
             if let Err(error) = &result.outcome {

@@ -14,6 +14,7 @@
 
 pub mod durable;
 pub mod host;
+mod metrics;
 pub mod plan;
 pub mod spawner;
 pub mod status;
