@@ -53,11 +53,19 @@ impl Console {
             None => View::Plain(PlainView::default()),
         };
         let mut paused: BTreeMap<String, String> = BTreeMap::new();
+        let mut attempts: BTreeMap<String, (u64, bool)> = BTreeMap::new();
         loop {
             let snapshot = progress.borrow_and_update().clone();
             self.breaker_events(&mut paused, &snapshot);
             match &mut view {
-                View::Live(live) => live.show(&snapshot),
+                View::Live(live) => {
+                    // Plain mode prints every change anyway; above the bars,
+                    // only what an operator must not miss.
+                    for event in node_events(&mut attempts, &snapshot) {
+                        self.line(event);
+                    }
+                    live.show(&snapshot);
+                }
                 View::Plain(plain) => plain.show(self, &snapshot),
             }
             if snapshot.phase == HostPhase::Stopped || progress.changed().await.is_err() {
@@ -90,6 +98,36 @@ impl Console {
             }
         }
     }
+}
+
+/// One line for each node that failed (or was lost) or was replaced since
+/// the last snapshot; `seen` holds each node's attempt and whether it had
+/// failed.
+fn node_events(seen: &mut BTreeMap<String, (u64, bool)>, snapshot: &StatusSnapshot) -> Vec<String> {
+    let mut events = Vec::new();
+    for node in &snapshot.nodes {
+        let failed = node.stage == "failed";
+        let before = seen.insert(node.id.clone(), (node.attempt, failed));
+        match before {
+            Some((attempt, _)) if attempt != node.attempt => {
+                events.push(format!(
+                    "node {} replaced: attempt {attempt} → {}",
+                    node.id, node.attempt
+                ));
+            }
+            Some((_, false)) | None if failed => {
+                events.push(format!(
+                    "node {} attempt {} failed: {}",
+                    node.id,
+                    node.attempt,
+                    node.last_error.as_deref().unwrap_or("no reason recorded")
+                ));
+            }
+            _ => {}
+        }
+    }
+    seen.retain(|id, _| snapshot.nodes.iter().any(|n| &n.id == id));
+    events
 }
 
 enum View {
@@ -191,6 +229,10 @@ impl LiveView {
                 let bar = self.bars.add(ProgressBar::new(0));
                 bar.set_style(self.style.clone());
                 bar.set_prefix(id.to_owned());
+                // Draws are rate-limited: without a steady tick, the last
+                // change before a quiet spell could stay undrawn, and the
+                // bar would show a stale count under a fresh header.
+                bar.enable_steady_tick(SPINNER_TICK);
                 bar
             });
             bar.set_length(u64::from(desired));
@@ -404,4 +446,99 @@ pub(crate) fn node_details(node: &NodeStatus) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use provisioning_runtime::GroupStatus;
+
+    use super::*;
+
+    fn node(id: &str, group: &str, ready: bool, desired: bool) -> NodeStatus {
+        NodeStatus {
+            id: id.to_owned(),
+            group: group.to_owned(),
+            attempt: 1,
+            stage: if ready { "dormant" } else { "new" }.to_owned(),
+            ready,
+            deleting: !desired,
+            desired,
+            pending: None,
+            endpoint: None,
+            consecutive_failures: 0,
+            last_error: None,
+            history: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn failures_and_replacements_each_make_one_event_line() {
+        let mut snapshot = StatusSnapshot {
+            run_id: "r".to_owned(),
+            generation: 1,
+            observed_generation: Some(1),
+            converged: true,
+            phase: HostPhase::Running,
+            uptime_ms: 0,
+            groups: Vec::new(),
+            nodes: vec![node("web-0", "web", true, true)],
+            durability: None,
+        };
+        let mut seen = BTreeMap::new();
+        assert!(node_events(&mut seen, &snapshot).is_empty());
+        snapshot.nodes[0].stage = "failed".to_owned();
+        snapshot.nodes[0].last_error = Some("the node's agent is gone".to_owned());
+        assert_eq!(
+            node_events(&mut seen, &snapshot),
+            ["node web-0 attempt 1 failed: the node's agent is gone"]
+        );
+        assert!(node_events(&mut seen, &snapshot).is_empty(), "once");
+        snapshot.nodes[0].attempt = 2;
+        snapshot.nodes[0].stage = "new".to_owned();
+        assert_eq!(
+            node_events(&mut seen, &snapshot),
+            ["node web-0 replaced: attempt 1 → 2"]
+        );
+    }
+
+    #[test]
+    fn the_header_counts_what_the_group_lines_count() {
+        // web: 3 desired, all ready, plus a ready node of a removed slot
+        // still on its way out; db: 2 desired, 1 ready.
+        let snapshot = StatusSnapshot {
+            run_id: "r".to_owned(),
+            generation: 2,
+            observed_generation: Some(2),
+            converged: false,
+            phase: HostPhase::Running,
+            uptime_ms: 0,
+            groups: vec![
+                GroupStatus {
+                    id: "web".to_owned(),
+                    provider: "process".to_owned(),
+                    desired: 3,
+                    ready: 3,
+                    paused: None,
+                },
+                GroupStatus {
+                    id: "db".to_owned(),
+                    provider: "process".to_owned(),
+                    desired: 2,
+                    ready: 1,
+                    paused: None,
+                },
+            ],
+            nodes: vec![
+                node("web-0", "web", true, true),
+                node("web-1", "web", true, true),
+                node("web-2", "web", true, true),
+                node("web-3", "web", true, false),
+                node("db-0", "db", true, true),
+                node("db-1", "db", false, true),
+            ],
+            durability: None,
+        };
+        let head = header(&snapshot);
+        assert!(head.ends_with("· 4/5 ready"), "{head}");
+    }
 }

@@ -211,9 +211,15 @@ impl StatusSnapshot {
         }
     }
 
-    /// Nodes that are ready.
+    /// Desired slots that hold a ready node with the desired spec, over all
+    /// groups: the sum of the groups' `ready`, so a header built from it
+    /// always agrees with the group lines (a ready node of a removed slot or
+    /// an old spec is not counted).
     pub fn ready_count(&self) -> usize {
-        self.nodes.iter().filter(|n| n.ready).count()
+        self.groups
+            .iter()
+            .map(|g| usize::try_from(g.ready).unwrap_or(usize::MAX))
+            .sum()
     }
 
     /// Nodes desired over all groups.
