@@ -15,6 +15,8 @@ Standard library only; takes the same arguments as dirs.py.
 import os
 import sys
 
+# Leave no __pycache__ next to the examples.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import dirs  # noqa: E402  (the path above makes the sibling importable)
