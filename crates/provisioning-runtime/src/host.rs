@@ -1015,8 +1015,17 @@ impl HostLoop {
     }
 
     fn snapshot(&self) -> StatusSnapshot {
+        self.snapshot_with(false)
+    }
+
+    /// A snapshot, with the nodes' histories when `history`.
+    fn snapshot_with(&self, history: bool) -> StatusSnapshot {
         let uptime = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let mut snapshot = StatusSnapshot::of(&self.driver, self.phase, uptime);
+        let mut snapshot = if history {
+            StatusSnapshot::with_history(&self.driver, self.phase, uptime)
+        } else {
+            StatusSnapshot::of(&self.driver, self.phase, uptime)
+        };
         snapshot.durability = self.durable.as_ref().map(|d| {
             let stats = d.journal.stats();
             DurabilityStatus {
@@ -1207,7 +1216,7 @@ impl HostLoop {
                 let _ = reply.send(outcome);
             }
             Command::Status { reply } => {
-                let _ = reply.send(self.snapshot());
+                let _ = reply.send(self.snapshot_with(true));
             }
             Command::Plan {
                 run_id,

@@ -149,8 +149,18 @@ pub struct TransitionStatus {
 
 impl StatusSnapshot {
     /// Builds a snapshot of `driver`, `uptime_ms` after the host started
-    /// (the driver's clock).
+    /// (the driver's clock), without the nodes' histories (what progress
+    /// displays need, built often).
     pub fn of(driver: &ClusterDriver, phase: HostPhase, uptime_ms: u64) -> Self {
+        Self::build(driver, phase, uptime_ms, false)
+    }
+
+    /// The same, with every node's kept history (what `status` asks for).
+    pub fn with_history(driver: &ClusterDriver, phase: HostPhase, uptime_ms: u64) -> Self {
+        Self::build(driver, phase, uptime_ms, true)
+    }
+
+    fn build(driver: &ClusterDriver, phase: HostPhase, uptime_ms: u64, history: bool) -> Self {
         let now = provisioning::Timestamp::from_millis(uptime_ms);
         let desired = driver.desired();
         let state = driver.state();
@@ -165,7 +175,7 @@ impl StatusSnapshot {
                 }
                 let mut status =
                     node_status(id.to_string(), id.group().to_string(), node, is_desired);
-                if let Some(history) = driver.history(id) {
+                if let Some(history) = driver.history(id).filter(|_| history) {
                     status.history = history
                         .entries()
                         .map(|t| TransitionStatus {
