@@ -82,6 +82,15 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
         Ok(secret) => secret,
         Err(message) => return Ok(refused(&message)),
     };
+    // The file goes into the state too: a `down` after a crash starts the
+    // same providers from it (a provider program, remote hosts).
+    let note = serde_json::json!({ "path": file, "text": text }).to_string();
+    if let Err(error) = durability.store_note(SHAPE_FILE_NOTE, &note) {
+        return Ok(refused(&format!(
+            "cannot write the state file {}: {error}",
+            options.state.file(source.run_id.as_str())
+        )));
+    }
     if let Some(address) = options.metrics {
         if let Err(error) = metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(address)
@@ -276,15 +285,24 @@ pub(crate) async fn down_from_state(
     // Detached agents that outlived the crash are found through /proc
     // whatever the setting; agents started from here on (none: this is a
     // teardown) would die with this process.
-    // Only the embedded provider is served here: a run with nodes of a
-    // provider program needs its file (`up FILE`, then `down`).
-    let source = shape_file::ShapeSource {
-        path: std::path::PathBuf::new(),
-        run_id: run_id.clone(),
-        groups: Vec::new(),
-        process: shape_file::ProcessSettings::default(),
-        limits: provisioning::Limits::default(),
-        exec: None,
+    // The providers are those of the file the run was started from, kept
+    // in the state; without it (or if it no longer parses), only the
+    // embedded provider is served.
+    let source = match stored_source(&durability, &run_id) {
+        Ok(source) => source,
+        Err(why) => {
+            crate::print(&format!(
+                "{why}; serving the embedded provider only (nodes of other providers are left to them)\n"
+            ));
+            shape_file::ShapeSource {
+                path: std::path::PathBuf::new(),
+                run_id: run_id.clone(),
+                groups: Vec::new(),
+                process: shape_file::ProcessSettings::default(),
+                limits: provisioning::Limits::default(),
+                exec: None,
+            }
+        }
     };
     let limits = provisioning::Limits::default();
     let host = start_host(&run_id, secret, &source, limits, durability, timeout, false).await?;
@@ -303,6 +321,35 @@ pub(crate) async fn down_from_state(
             ExitCode::from(EXIT_FAILURE)
         }
     })
+}
+
+/// The name of the state note that keeps the shape file a run was started
+/// from (`{"path": …, "text": …}`).
+const SHAPE_FILE_NOTE: &str = "shape-file";
+
+/// The providers' settings of the file `run` was started from, as kept in
+/// its state.
+fn stored_source(
+    durability: &Durability,
+    run_id: &RunId,
+) -> Result<shape_file::ShapeSource, String> {
+    let note = durability
+        .note(SHAPE_FILE_NOTE)
+        .ok_or_else(|| "the state keeps no shape file".to_owned())?;
+    let value: serde_json::Value = serde_json::from_str(note)
+        .map_err(|e| format!("the kept shape file is unreadable: {e}"))?;
+    let (Some(path), Some(text)) = (value["path"].as_str(), value["text"].as_str()) else {
+        return Err("the kept shape file is incomplete".to_owned());
+    };
+    let source = shape_file::parse(std::path::Path::new(path), text, PROVIDERS)
+        .map_err(|e| format!("the kept shape file no longer parses: {e}"))?;
+    if source.run_id != *run_id {
+        return Err(format!(
+            "the kept shape file is of run {}, not {run_id}",
+            source.run_id
+        ));
+    }
+    Ok(source)
 }
 
 /// Applies each valid edit of `path` as the next generation; reports and

@@ -1362,6 +1362,46 @@ fn json_logs_are_one_object_per_line_without_colour_codes() {
 // ---------------------------------------------------------------------------
 
 #[test]
+fn down_after_a_crash_starts_the_runs_provider_program_again_and_leaves_nothing() {
+    let mut cluster = Cluster::new("exec-crash");
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/providers/dirs.py");
+    assert!(
+        program.exists(),
+        "the reference provider is at {}",
+        program.display()
+    );
+    let root = cluster.dir.path().join("machines-root");
+    fs::create_dir_all(&root).unwrap();
+    cluster.write_text(&format!(
+        "run = \"{}\"\n\n[providers.exec]\ncommand = [\"python3\", \"{}\", \"--root\", \"{}\"]\n\n[[group]]\nid = \"remote\"\ncount = 2\nprovider = \"exec\"\n",
+        cluster.run,
+        program.display(),
+        root.display()
+    ));
+    cluster.start();
+    cluster.wait_converged(1);
+    let machines =
+        |root: &Path| -> usize { fs::read_dir(root.join("machines")).map_or(0, |d| d.count()) };
+    assert_eq!(machines(&root), 2, "two machines made");
+    cluster.signal_up(Signal::SIGKILL);
+    let _ = cluster.wait_up_exit();
+    assert_eq!(machines(&root), 2, "the machines outlive the controller");
+
+    // No `up` runs and no file is given: the state keeps the file, so the
+    // provider program is started again and destroys its machines.
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    let stdout = String::from_utf8_lossy(&down.stdout);
+    assert!(
+        down.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(stdout.contains("recovering run"), "{stdout}");
+    assert!(!stdout.contains("embedded provider only"), "{stdout}");
+    assert_eq!(machines(&root), 0, "down destroyed every machine: {stdout}");
+}
+
+#[test]
 fn a_group_served_by_a_provider_program_converges_and_tears_down() {
     let mut cluster = Cluster::new("exec");
     let double = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -66,6 +66,9 @@ pub struct Durability {
     /// Whether the last controller left the run unclean (it is resumed).
     pub(crate) unclean: bool,
     secret: Option<Vec<u8>>,
+    /// The journal's meta entries outside the codec's own (`state`,
+    /// `template/…`), as loaded or last recorded.
+    notes: BTreeMap<String, String>,
     /// How long a resource must be seen unowned before it is destroyed.
     pub orphan_grace: Duration,
     /// How often providers are listed to look for orphans.
@@ -109,6 +112,12 @@ impl Durability {
             resume,
             unclean,
             secret: snapshot.secret,
+            notes: snapshot
+                .meta
+                .iter()
+                .filter(|(key, _)| key.starts_with(NOTE_PREFIX))
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect(),
             orphan_grace: DEFAULT_ORPHAN_GRACE,
             orphan_scan_interval: DEFAULT_ORPHAN_SCAN_INTERVAL,
         })
@@ -139,7 +148,36 @@ impl Durability {
         self.secret = Some(secret.to_vec());
         Ok(())
     }
+
+    /// A note the embedding program stored with [`Durability::store_note`]
+    /// (for the CLI: the shape file its run was started from, so that a
+    /// teardown after a crash can start the same providers).
+    pub fn note(&self, name: &str) -> Option<&str> {
+        self.notes
+            .get(&format!("{NOTE_PREFIX}{name}"))
+            .map(String::as_str)
+    }
+
+    /// Stores `value` under `name` in the journal, in a commit of its own
+    /// (which, like every commit, marks the run as not cleanly stopped).
+    ///
+    /// # Errors
+    /// [`DurabilityError::Journal`] when the commit fails.
+    pub fn store_note(&mut self, name: &str, value: &str) -> Result<(), DurabilityError> {
+        let key = format!("{NOTE_PREFIX}{name}");
+        if self.notes.get(&key).is_some_and(|v| v == value) {
+            return Ok(());
+        }
+        let mut changes = provisioning_journal::ChangeSet::new();
+        changes.meta.push((key.clone(), value.to_owned()));
+        self.journal.commit(&changes)?;
+        self.notes.insert(key, value.to_owned());
+        Ok(())
+    }
 }
+
+/// The meta-key prefix of notes (see [`Durability::note`]).
+const NOTE_PREFIX: &str = "note/";
 
 /// A resource seen unowned, waiting out its grace.
 #[derive(Clone, Debug)]
