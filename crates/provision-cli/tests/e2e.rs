@@ -491,6 +491,41 @@ fn sigint_tears_down_with_no_process_of_the_run_left() {
 }
 
 #[test]
+fn two_hundred_local_nodes_come_up_and_go_down_gracefully_leaving_no_process() {
+    let mut cluster = Cluster::new("two-hundred");
+    cluster.write(&[("web", 120, WORKLOAD), ("db", 80, WORKLOAD)]);
+    cluster.start();
+    let status = cluster.wait_converged(1);
+    assert_eq!(status["nodes"].as_array().map(Vec::len), Some(200));
+    assert_eq!(cluster.agents().len(), 200);
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    assert!(
+        down.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&down.stdout),
+        cluster.up_output()
+    );
+    let exit = cluster.wait_up_exit();
+    assert!(
+        exit.success(),
+        "graceful, not forced\n{}",
+        cluster.up_output()
+    );
+    assert!(cluster.up_output().contains("every node was torn down"));
+    assert!(
+        !cluster.up_output().contains("forced"),
+        "{}",
+        cluster.up_output()
+    );
+    let left = os::run_processes(&cluster.run_id()).expect("read /proc");
+    assert!(
+        left.is_empty(),
+        "{} processes of the run are left",
+        left.len()
+    );
+}
+
+#[test]
 fn down_tears_the_cluster_down_and_waits_for_zero() {
     let mut cluster = Cluster::new("down");
     cluster.write(&[("web", 2, WORKLOAD)]);
