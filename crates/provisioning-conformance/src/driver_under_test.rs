@@ -8,6 +8,7 @@
 //! alternative driver implementation that claims the same contract.
 
 use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink};
+use provisioning::limits::{LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
     ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult,
@@ -99,6 +100,19 @@ pub trait DriverUnderTest {
         let _ = now;
         ChangeSet::default()
     }
+
+    /// See [`ClusterDriver::set_limits`]. The default ignores limits (a
+    /// driver without them: the oracle's G29/G30 checks then pass
+    /// vacuously, and the battery's limit vacuity counts stay zero).
+    fn set_limits(&mut self, limits: Limits) {
+        let _ = limits;
+    }
+
+    /// See [`ClusterDriver::limit_counters`], for vacuity reports only (the
+    /// oracle never trusts them). The default counts nothing.
+    fn limit_counters(&self) -> LimitCounters {
+        LimitCounters::default()
+    }
 }
 
 impl DriverUnderTest for ClusterDriver {
@@ -177,5 +191,13 @@ impl DriverUnderTest for ClusterDriver {
 
     fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
         ClusterDriver::take_changes(self, now)
+    }
+
+    fn set_limits(&mut self, limits: Limits) {
+        ClusterDriver::set_limits(self, limits);
+    }
+
+    fn limit_counters(&self) -> LimitCounters {
+        ClusterDriver::limit_counters(self).clone()
     }
 }

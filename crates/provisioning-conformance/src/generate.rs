@@ -13,8 +13,8 @@ use provisioning::state::BootstrapFailure;
 
 use crate::prng::SplitMix64;
 use crate::trace::{
-    DriftField, Fault, FaultTarget, Group, Input, InputKind, MAX_GROUP_COUNT, PROGRESS_STAGES,
-    RevisionProbe, ShapeChange, StreamEvent, Trace, TraceHeader, WorkStep,
+    DriftField, Fault, FaultTarget, Group, Input, InputKind, LimitChange, MAX_GROUP_COUNT,
+    PROGRESS_STAGES, RevisionProbe, ShapeChange, StreamEvent, Trace, TraceHeader, WorkStep,
 };
 
 /// Tick sizes the generator draws from, in milliseconds: around the default
@@ -48,7 +48,7 @@ impl Default for GeneratorConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SwarmWeights {
     /// Weight per [`InputKind`], in [`InputKind::ALL`] order; zero omits the kind.
-    pub kinds: [u32; 10],
+    pub kinds: [u32; 11],
     /// Weight per [`Fault`], in [`Fault::ALL`] order.
     pub faults: [u32; 7],
     /// Weight of "any call", then of each [`EffectKind`] in [`EffectKind::ALL`] order.
@@ -74,6 +74,7 @@ fn base_weight(kind: InputKind) -> u32 {
         InputKind::Release => 3,
         InputKind::Lose => 2,
         InputKind::Crash => 2,
+        InputKind::Limit => 1,
     }
 }
 
@@ -210,6 +211,20 @@ fn draw_input(weights: &SwarmWeights, rng: &mut SplitMix64) -> Input {
         },
         InputKind::Release => Input::Release,
         InputKind::Crash => Input::Crash,
+        InputKind::Limit => Input::Limit(match rng.below(3) {
+            0 => LimitChange::Cap {
+                count: rng.below(3) as u32,
+            },
+            1 => LimitChange::Budget {
+                group: draw_group(rng),
+                count: rng.below(3) as u32,
+            },
+            _ => LimitChange::Breaker {
+                group: draw_group(rng),
+                failures: rng.below(4) as u32,
+                cooldown_ms: [1_000, 10_000, 60_000][rng.below(3) as usize],
+            },
+        }),
         InputKind::Lose => Input::Lose {
             ready: rng.below(4) as u32,
             cause: if rng.chance(500) {

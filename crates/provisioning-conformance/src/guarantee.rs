@@ -40,7 +40,7 @@
 
 use std::fmt;
 
-/// A guarantee of SPEC §11 and §17. The id (`G01`…`G28`) is stable: reports,
+/// A guarantee of SPEC §11 and §17. The id (`G01`…`G30`) is stable: reports,
 /// regression files and tests refer to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum GuaranteeId {
@@ -118,11 +118,18 @@ pub enum GuaranteeId {
     /// `orphan_grace` + one scan interval once faults stop, and never one a
     /// current attempt owns.
     OrphansCollected,
+    /// G29: in-flight creates never exceed a provider's cap; a group's drift
+    /// replacement never takes more than `max_unavailable` ready nodes down
+    /// at once.
+    BudgetsHold,
+    /// G30: an open breaker never blocks convergence forever once faults
+    /// stop.
+    BreakerLiveness,
 }
 
 impl GuaranteeId {
     /// Every guarantee, in id order.
-    pub const ALL: [GuaranteeId; 28] = [
+    pub const ALL: [GuaranteeId; 30] = [
         GuaranteeId::Identity,
         GuaranteeId::Correlation,
         GuaranteeId::AttemptFactOwnership,
@@ -151,14 +158,16 @@ impl GuaranteeId {
         GuaranteeId::CrashSafety,
         GuaranteeId::DurableBeforeDispatch,
         GuaranteeId::OrphansCollected,
+        GuaranteeId::BudgetsHold,
+        GuaranteeId::BreakerLiveness,
     ];
 
-    /// The stable id, `G01`…`G28`.
+    /// The stable id, `G01`…`G30`.
     pub fn id(self) -> &'static str {
-        const IDS: [&str; 28] = [
+        const IDS: [&str; 30] = [
             "G01", "G02", "G03", "G04", "G05", "G06", "G07", "G08", "G09", "G10", "G11", "G12",
             "G13", "G14", "G15", "G16", "G17", "G18", "G19", "G20", "G21", "G22", "G23", "G24",
-            "G25", "G26", "G27", "G28",
+            "G25", "G26", "G27", "G28", "G29", "G30",
         ];
         IDS[self as usize]
     }
@@ -194,6 +203,8 @@ impl GuaranteeId {
             GuaranteeId::CrashSafety => "crash safety",
             GuaranteeId::DurableBeforeDispatch => "durable before dispatch",
             GuaranteeId::OrphansCollected => "orphans collected",
+            GuaranteeId::BudgetsHold => "budgets hold",
+            GuaranteeId::BreakerLiveness => "breaker liveness",
         }
     }
 

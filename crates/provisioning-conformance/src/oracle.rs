@@ -27,8 +27,8 @@ use provisioning::observe::BootstrapEvent;
 use provisioning::shape::DesiredState;
 use provisioning::state::{PendingOperation, SessionState};
 use provisioning::{
-    ClusterState, EffectKind, ExecutorResult, Intent, LeaseHandle, LogicalNodeId, ManagedNode,
-    NodeAttemptId, NodeStage, Observation, RetryPolicy, SessionHandle, Timestamp,
+    ClusterState, EffectKind, ExecutorResult, GroupId, Intent, LeaseHandle, LogicalNodeId,
+    ManagedNode, NodeAttemptId, NodeStage, Observation, RetryPolicy, SessionHandle, Timestamp,
 };
 
 use crate::guarantee::GuaranteeId;
@@ -1273,4 +1273,102 @@ mod tests {
             "{breach:?}"
         );
     }
+}
+
+/// G29, launch cap: when a drive started a first create (of an active
+/// node), the creates pending across the cluster afterwards are within
+/// `cap`. Counted from the recorded state, not from the driver's counters.
+pub(crate) fn g29_creates_within_cap(
+    dispatches: &[NewDispatch],
+    post: &ClusterState,
+    cap: Option<u32>,
+) -> Verdict {
+    let Some(cap) = cap else { return Ok(()) };
+    let started = dispatches.iter().any(|d| {
+        d.pending.kind == EffectKind::CreateLease
+            && post
+                .nodes
+                .get(&d.node)
+                .is_some_and(|n| n.intent == Intent::Active)
+    });
+    if !started {
+        return Ok(());
+    }
+    let in_flight = post
+        .nodes
+        .values()
+        .filter(|n| {
+            n.pending
+                .as_ref()
+                .is_some_and(|p| p.kind == EffectKind::CreateLease)
+        })
+        .count();
+    if in_flight > cap as usize {
+        return Err(breach(
+            GuaranteeId::BudgetsHold,
+            format!(
+                "a create started while {in_flight} creates are in flight, over the cap of {cap}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Desired slots of `group` in `state` without a ready node.
+pub(crate) fn unavailable_slots(
+    state: &ClusterState,
+    desired: &DesiredState,
+    group: &GroupId,
+) -> u32 {
+    let Some(wanted) = desired.groups().get(group) else {
+        return 0;
+    };
+    let ready = (0..wanted.count())
+        .filter(|&i| {
+            state
+                .nodes
+                .get(&LogicalNodeId::new(group.clone(), i))
+                .is_some_and(ManagedNode::is_ready)
+        })
+        .count();
+    wanted
+        .count()
+        .saturating_sub(u32::try_from(ready).unwrap_or(u32::MAX))
+}
+
+/// Whether `change` took a ready, desired node of a drifted spec down (a
+/// drift replacement: the only deletion a rollout budget holds back).
+pub(crate) fn is_drift_takedown(change: &SlotChange<'_>, desired: &DesiredState) -> bool {
+    let (Some(before), Some(after)) = (change.before, change.after) else {
+        return false;
+    };
+    let Some(group) = desired.groups().get(change.id.group()) else {
+        return false;
+    };
+    before.is_ready()
+        && before.intent == Intent::Active
+        && after.intent == Intent::Deleting
+        && change.id.index() < group.count()
+        && *before.spec.template() != **group.template()
+}
+
+/// G29, rollout budget: when a drive took a ready node down for drift
+/// replacement, its group has at most `allowed` desired slots without a
+/// ready node afterwards.
+pub(crate) fn g29_rollout_within_budget(
+    group: &GroupId,
+    post: &ClusterState,
+    desired: &DesiredState,
+    allowed: u32,
+) -> Verdict {
+    let down = unavailable_slots(post, desired, group);
+    if down > allowed {
+        return Err(breach(
+            GuaranteeId::BudgetsHold,
+            format!(
+                "a drift replacement in group {group} left {down} desired slots unready, over its budget of {allowed}"
+            ),
+        ));
+    }
+    Ok(())
 }

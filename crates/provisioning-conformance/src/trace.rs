@@ -355,6 +355,35 @@ pub enum Input {
     /// inputs end, the crash happens then, between wakes. A no-op on a
     /// substrate that cannot survive a controller crash.
     Crash,
+    /// Change the operator limits the driver applies (SPEC §15).
+    Limit(LimitChange),
+}
+
+/// A change of the operator limits (SPEC §15, G29, G30). Zero removes the
+/// limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LimitChange {
+    /// The launch cap of the substrate's provider: creates in flight at once.
+    Cap {
+        /// The cap; zero: no cap.
+        count: u32,
+    },
+    /// A group's rollout budget (`max_unavailable`, as a count).
+    Budget {
+        /// Which group.
+        group: Group,
+        /// The budget; zero: no budget.
+        count: u32,
+    },
+    /// A group's circuit breaker.
+    Breaker {
+        /// Which group.
+        group: Group,
+        /// Consecutive failures that open it; zero: no breaker.
+        failures: u32,
+        /// Its cool-down, in milliseconds.
+        cooldown_ms: u64,
+    },
 }
 
 impl Input {
@@ -371,6 +400,7 @@ impl Input {
             Input::Release => InputKind::Release,
             Input::Lose { .. } => InputKind::Lose,
             Input::Crash => InputKind::Crash,
+            Input::Limit(_) => InputKind::Limit,
         }
     }
 
@@ -431,6 +461,21 @@ impl Input {
             Input::Lose { ready, cause } => {
                 out.extend(smaller(ready).map(|ready| Input::Lose { ready, cause }));
             }
+            Input::Limit(LimitChange::Breaker {
+                group,
+                failures,
+                cooldown_ms,
+            }) => {
+                for simpler in [1, 1_000] {
+                    if simpler < cooldown_ms {
+                        out.push(Input::Limit(LimitChange::Breaker {
+                            group,
+                            failures,
+                            cooldown_ms: simpler,
+                        }));
+                    }
+                }
+            }
             _ => {}
         }
         out
@@ -469,11 +514,13 @@ pub enum InputKind {
     Lose,
     /// [`Input::Crash`].
     Crash,
+    /// [`Input::Limit`].
+    Limit,
 }
 
 impl InputKind {
     /// Every kind, in order.
-    pub const ALL: [InputKind; 10] = [
+    pub const ALL: [InputKind; 11] = [
         InputKind::Tick,
         InputKind::Desire,
         InputKind::Revision,
@@ -484,6 +531,7 @@ impl InputKind {
         InputKind::Release,
         InputKind::Lose,
         InputKind::Crash,
+        InputKind::Limit,
     ];
 
     /// The keyword that starts an input of this kind in the text form.
@@ -499,6 +547,7 @@ impl InputKind {
             InputKind::Release => "release",
             InputKind::Lose => "lose",
             InputKind::Crash => "crash",
+            InputKind::Limit => "limit",
         }
     }
 }
@@ -601,6 +650,19 @@ impl fmt::Display for Input {
             Input::Release => f.write_str("release"),
             Input::Lose { ready, cause } => write!(f, "lose @{ready} {}", loss_name(*cause)),
             Input::Crash => f.write_str("crash"),
+            Input::Limit(LimitChange::Cap { count }) => write!(f, "limit cap {count}"),
+            Input::Limit(LimitChange::Budget { group, count }) => {
+                write!(f, "limit budget {} {count}", group.name())
+            }
+            Input::Limit(LimitChange::Breaker {
+                group,
+                failures,
+                cooldown_ms,
+            }) => write!(
+                f,
+                "limit breaker {} {failures} {cooldown_ms}ms",
+                group.name()
+            ),
         }
     }
 }
@@ -834,6 +896,21 @@ fn parse_input(keyword: &str, words: &mut Words<'_>) -> Result<Input, ParseError
         },
         "release" => Input::Release,
         "crash" => Input::Crash,
+        "limit" => Input::Limit(match words.next("limit")? {
+            "cap" => LimitChange::Cap {
+                count: parse_u32(words.next("cap")?, "cap")?,
+            },
+            "budget" => LimitChange::Budget {
+                group: parse_group(words.next("group")?)?,
+                count: parse_u32(words.next("budget")?, "budget")?,
+            },
+            "breaker" => LimitChange::Breaker {
+                group: parse_group(words.next("group")?)?,
+                failures: parse_u32(words.next("breaker failures")?, "breaker failures")?,
+                cooldown_ms: parse_tick(words.next("breaker cool-down")?)?,
+            },
+            _ => return Err(ParseErrorReason::Invalid("limit")),
+        }),
         "lose" => Input::Lose {
             ready: parse_target(words.next("ready-node target")?)?,
             cause: match words.next("loss cause")? {
@@ -932,6 +1009,16 @@ mod tests {
             Input::Tick { millis: 61_000 },
             Input::Release,
             Input::Crash,
+            Input::Limit(LimitChange::Cap { count: 2 }),
+            Input::Limit(LimitChange::Budget {
+                group: Group::B,
+                count: 0,
+            }),
+            Input::Limit(LimitChange::Breaker {
+                group: Group::C,
+                failures: 3,
+                cooldown_ms: 5_000,
+            }),
             Input::Redeliver { back: 7 },
             Input::Run(WorkStep::Fifo),
             Input::Run(WorkStep::Lifo),

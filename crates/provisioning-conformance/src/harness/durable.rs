@@ -452,6 +452,8 @@ impl<S: Substrate> Harness<S> {
         let _lost = self.substrate.take_observations();
         self.executor = Harness::controller_executor(&self.substrate, &self.durable.control);
         self.driver = driver;
+        // The limits are configuration: the new controller is given them too.
+        self.driver.set_limits(self.limits.clone());
         self.check(oracle::g26_recovery_made_pending_ambiguous(
             self.driver.state(),
             &pending,

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use provisioning::driver::{DriverError, NodeError};
 use provisioning::{
-    ClusterState, DesiredUpdate, EffectOutput, EndpointLookup, ExecutorResult, Intent, LeaseHandle,
-    LogicalNodeId, ManagedNode, NodeAttemptId, Observation, OperationId, RetryPolicy,
-    SessionHandle, Timestamp,
+    BreakerPolicy, ClusterState, DesiredUpdate, EffectKind, EffectOutput, EndpointLookup,
+    ExecutorResult, GroupId, Intent, LeaseHandle, LogicalNodeId, ManagedNode, MaxUnavailable,
+    NodeAttemptId, Observation, OperationId, RetryPolicy, SessionHandle, Timestamp,
 };
 
 use super::durable::{Batch, DurableSide};
@@ -20,7 +20,7 @@ use crate::guarantee::{GuaranteeId, Phase, Violation};
 use crate::journal::{KitJournal, RecoveryFactory};
 use crate::oracle::{self, Breach, FoldCause, Verdict, breach};
 use crate::substrate::Substrate;
-use crate::trace::{Input, RevisionProbe, TraceHeader};
+use crate::trace::{Input, LimitChange, RevisionProbe, TraceHeader};
 
 impl<S: Substrate> Harness<S> {
     /// Builds the driver (with `factory`) and the executor over `substrate`
@@ -82,6 +82,7 @@ impl<S: Substrate> Harness<S> {
             cleanup_failed: BTreeSet::new(),
             calls: Vec::new(),
             vacuity,
+            limits: provisioning::Limits::default(),
             edges_reached: false,
             converged: false,
             tail_rounds: 0,
@@ -152,6 +153,10 @@ impl<S: Substrate> Harness<S> {
         if self.edges_reached {
             vacuity.edges_reached = 1;
         }
+        let limits = self.driver.limit_counters();
+        vacuity.budget_held += limits.held_by_budget;
+        vacuity.breakers_opened += limits.breakers_opened;
+        vacuity.breaker_probes += limits.breaker_probes;
         vacuity
     }
 
@@ -213,6 +218,45 @@ impl<S: Substrate> Harness<S> {
     // Inputs.
     // -----------------------------------------------------------------------
 
+    /// Applies a trace's limit change to the kit's model of the limits.
+    fn change_limit(&mut self, change: LimitChange) {
+        match change {
+            LimitChange::Cap { count: 0 } => {
+                self.limits.max_concurrent_creates.clear();
+            }
+            LimitChange::Cap { count } => {
+                self.limits
+                    .max_concurrent_creates
+                    .insert(super::PROVIDER_KIND.to_owned(), count);
+            }
+            LimitChange::Budget { group, count } => {
+                let id = GroupId::new(group.name());
+                if count == 0 {
+                    self.limits.max_unavailable.remove(&id);
+                } else {
+                    self.limits
+                        .max_unavailable
+                        .insert(id, MaxUnavailable::Count(count));
+                }
+            }
+            LimitChange::Breaker {
+                group,
+                failures,
+                cooldown_ms,
+            } => {
+                let id = GroupId::new(group.name());
+                if failures == 0 {
+                    self.limits.breakers.remove(&id);
+                } else {
+                    self.limits.breakers.insert(
+                        id,
+                        BreakerPolicy::new(failures, Duration::from_millis(cooldown_ms)),
+                    );
+                }
+            }
+        }
+    }
+
     fn apply(&mut self, input: &Input) -> Result<(), Violation> {
         match *input {
             Input::Tick { millis } => {
@@ -250,6 +294,10 @@ impl<S: Substrate> Harness<S> {
             }
             Input::Release => {
                 self.substrate.release_oldest_hang();
+            }
+            Input::Limit(change) => {
+                self.change_limit(change);
+                self.driver.set_limits(self.limits.clone());
             }
             Input::Crash => {
                 if self.crash_capable() {
@@ -447,6 +495,45 @@ impl<S: Substrate> Harness<S> {
                 {
                     scale_downs += 1;
                 }
+            }
+        }
+        let cap = self
+            .limits
+            .max_concurrent_creates
+            .get(super::PROVIDER_KIND)
+            .copied();
+        verdict = verdict.and_then(|()| oracle::g29_creates_within_cap(&dispatches, post, cap));
+        if verdict.is_ok()
+            && cap.is_some_and(|cap| {
+                dispatches
+                    .iter()
+                    .any(|d| d.pending.kind == EffectKind::CreateLease)
+                    && post
+                        .nodes
+                        .values()
+                        .filter(|n| {
+                            n.pending
+                                .as_ref()
+                                .is_some_and(|p| p.kind == EffectKind::CreateLease)
+                        })
+                        .count()
+                        >= cap as usize
+            })
+        {
+            self.vacuity.cap_reached += 1;
+        }
+        let mut drifted_groups = BTreeSet::new();
+        for change in oracle::slot_changes(pre, post) {
+            if oracle::is_drift_takedown(&change, desired) {
+                drifted_groups.insert(change.id.group().clone());
+            }
+        }
+        for group in &drifted_groups {
+            if let Some(budget) = self.limits.max_unavailable.get(group) {
+                let allowed = budget.of(desired.groups().get(group).map_or(0, |g| g.count()));
+                verdict = verdict.and_then(|()| {
+                    oracle::g29_rollout_within_budget(group, post, desired, allowed)
+                });
             }
         }
         self.check(verdict)?;

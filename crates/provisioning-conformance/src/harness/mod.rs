@@ -182,6 +182,15 @@ pub struct Vacuity {
     pub adoptions_after_recovery: u64,
     /// An orphan (a live resource no current attempt owns) was destroyed.
     pub orphans_collected: u64,
+    /// A first create started with its provider's cap reached afterwards.
+    pub cap_reached: u64,
+    /// A ready drifted node waited while its group's rollout budget was
+    /// spent (the driver's count, informational).
+    pub budget_held: u64,
+    /// A group's breaker opened (the driver's count, informational).
+    pub breakers_opened: u64,
+    /// A breaker let a probe attempt through (the driver's count).
+    pub breaker_probes: u64,
     /// Runs whose substrate survives a controller crash; the three counts
     /// above are required only when some run's did.
     pub crash_capable_runs: u64,
@@ -227,6 +236,10 @@ impl Vacuity {
         self.adoptions_after_recovery += other.adoptions_after_recovery;
         self.orphans_collected += other.orphans_collected;
         self.crash_capable_runs += other.crash_capable_runs;
+        self.cap_reached += other.cap_reached;
+        self.budget_held += other.budget_held;
+        self.breakers_opened += other.breakers_opened;
+        self.breaker_probes += other.breaker_probes;
     }
 }
 
@@ -396,6 +409,9 @@ struct Harness<S: Substrate> {
     cleanup_failed: BTreeSet<NodeAttemptId>,
     calls: Vec<CallRecord>,
     vacuity: Vacuity,
+    /// The limits the trace set, as the kit models them (the oracle's G29
+    /// checks read these, never the driver's).
+    limits: provisioning::Limits,
     edges_reached: bool,
     converged: bool,
     tail_rounds: usize,
