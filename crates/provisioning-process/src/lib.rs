@@ -27,6 +27,7 @@ pub mod credential;
 mod node;
 pub mod os;
 mod plugin;
+pub mod remote;
 mod scan;
 mod session;
 mod spawner;
