@@ -46,3 +46,15 @@ pub(crate) const WORKLOAD_UID: &str = "PROVISION_WORKLOAD_UID";
 
 /// The group id the wrapper switches to before running its command.
 pub(crate) const WORKLOAD_GID: &str = "PROVISION_WORKLOAD_GID";
+
+/// Selects the remote boot mode (see [`super::remote`]): the path of a `0600`
+/// file holding the JSON boot order, removed once read.
+pub const BOOT_FILE: &str = "PROVISION_AGENT_BOOT_FILE";
+
+/// Remote boot mode: an optional file the agent appends its stages to, one
+/// JSON [`ControlReply`](crate::wire::ControlReply) a line.
+pub const STATUS_FILE: &str = "PROVISION_AGENT_STATUS_FILE";
+
+/// Remote boot mode: how long, in milliseconds, the agent re-dials the swarm
+/// after its connection ended before it stops its node (default 60 s).
+pub const REJOIN_WINDOW_MS: &str = "PROVISION_AGENT_REJOIN_WINDOW_MS";

@@ -30,6 +30,7 @@
 
 mod boot;
 pub mod env;
+pub mod remote;
 mod wrapper;
 
 use std::ffi::OsString;
@@ -358,6 +359,9 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
     }
     init_logging();
     kill_group_on_panic();
+    if let Some(path) = std::env::var_os(env::BOOT_FILE) {
+        return remote::main(PathBuf::from(path));
+    }
     let config = match AgentConfig::from_env() {
         Ok(config) => config,
         Err(error) => {
