@@ -1,0 +1,372 @@
+//! Exhaustive exploration of small clusters (G31): breadth-first over every
+//! interleaving of a finite input alphabet, up to a depth.
+//!
+//! The explorer drives the real driver, executor and a [`Substrate`] through
+//! the kit's [`Stepper`]. A stepper cannot be cloned (it owns a driver, an
+//! executor and backend tasks), so every state is reached by replaying its
+//! input sequence from a fresh stepper; breadth-first order makes the first
+//! violating sequence found a shortest one. States are deduplicated by a
+//! hash of the observed state, the desired shape, the clock, the backend's
+//! live resources and its queued work.
+//!
+//! At every new state the oracle's safety checks have already run (each
+//! [`Stepper::step`] runs them); liveness is checked by replaying the state
+//! once more and running the fair tail, which must converge (G21–G24).
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, VecDeque};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::rc::Rc;
+
+use crate::guarantee::{GuaranteeId, Violation};
+use crate::harness::{HostOptions, Mode, Stepper};
+use crate::journal::RecoveryFactory;
+use crate::substrate::Substrate;
+use crate::trace::{
+    DriftField, Fault, FaultTarget, Group, Input, ShapeChange, StreamEvent, Trace, WorkStep,
+};
+use provisioning::observe::LossCause;
+
+/// How an exploration is bounded and what it checks.
+#[derive(Clone, Debug)]
+pub struct ExploreConfig {
+    /// Nodes in the cluster: 1 or 2 (group `a`).
+    pub nodes: u32,
+    /// The longest input sequence explored (not counting the setup prefix).
+    pub depth: usize,
+    /// Whether to run the fair-tail liveness check from every distinct state.
+    pub liveness: bool,
+    /// An upper bound on distinct states, so a run stays bounded.
+    pub max_states: usize,
+}
+
+impl ExploreConfig {
+    /// A configuration for `nodes` nodes to `depth` inputs, liveness on.
+    pub fn new(nodes: u32, depth: usize) -> Self {
+        ExploreConfig {
+            nodes,
+            depth,
+            liveness: true,
+            max_states: 1_000_000,
+        }
+    }
+}
+
+/// What the explorer found broken: the guarantee and a shortest input
+/// sequence (in the kit's trace text form) that reaches it.
+#[derive(Clone, Debug)]
+pub struct Counterexample {
+    /// The violation the oracle reported.
+    pub violation: Violation,
+    /// Whether it was found by the liveness check (the fair tail from the
+    /// last state) rather than by a step's safety checks.
+    pub liveness: bool,
+    /// The whole trace, setup prefix included; replay it with
+    /// `PROVISIONING_TRACE='…'` (single-line form) or a regression file.
+    pub trace: Trace,
+    /// The number of explored inputs (without the setup prefix).
+    pub length: usize,
+}
+
+impl Counterexample {
+    /// The guarantee broken.
+    pub fn guarantee(&self) -> GuaranteeId {
+        self.violation.guarantee
+    }
+}
+
+impl fmt::Display for Counterexample {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "G31 exhaustive: {} ({}) after {} explored inputs{}",
+            self.violation.guarantee,
+            self.violation.detail,
+            self.length,
+            if self.liveness {
+                ", in the fair tail"
+            } else {
+                ""
+            }
+        )?;
+        write!(f, "{}", self.trace)
+    }
+}
+
+/// What an exploration did.
+#[derive(Clone, Debug, Default)]
+pub struct ExploreReport {
+    /// Inputs applied from a reached state (edges explored).
+    pub states_explored: usize,
+    /// Distinct states after deduplication (the root included).
+    pub distinct_states: usize,
+    /// The deepest level whose states were all expanded.
+    pub depth_reached: usize,
+    /// Whether the state bound stopped the search early.
+    pub truncated: bool,
+    /// The first (shortest) violation, if any.
+    pub counterexample: Option<Counterexample>,
+}
+
+impl ExploreReport {
+    /// Whether no violation was found.
+    pub fn passed(&self) -> bool {
+        self.counterexample.is_none()
+    }
+}
+
+impl fmt::Display for ExploreReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "explored {} transitions, {} distinct states, depth {}{}",
+            self.states_explored,
+            self.distinct_states,
+            self.depth_reached,
+            if self.truncated { " (truncated)" } else { "" }
+        )?;
+        if let Some(counterexample) = &self.counterexample {
+            write!(f, "{counterexample}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The setup prefix that makes the kit's default two-node shape a cluster
+/// of `nodes` nodes (empty for two).
+pub fn setup_prefix(nodes: u32) -> Vec<Input> {
+    if nodes == 2 {
+        Vec::new()
+    } else {
+        vec![Input::Desire(ShapeChange::Scale {
+            group: Group::A,
+            count: nodes,
+        })]
+    }
+}
+
+/// The explorer: a substrate factory plus optional host options and
+/// recovery, so that the kit's mutations can be put under it.
+pub struct Explorer<F> {
+    factory: F,
+    host: HostOptions,
+    recovery: Option<Rc<RecoveryFactory>>,
+}
+
+impl<S: Substrate, F: Fn() -> S> Explorer<F> {
+    /// An explorer over substrates made by `factory`, with the correct host
+    /// and the real recovery.
+    pub fn new(factory: F) -> Self {
+        Explorer {
+            factory,
+            host: HostOptions::default(),
+            recovery: None,
+        }
+    }
+
+    /// Host options (e.g. a broken commit order).
+    pub fn host(mut self, host: HostOptions) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// A recovery factory (e.g. a broken one).
+    pub fn recovery(mut self, recovery: Rc<RecoveryFactory>) -> Self {
+        self.recovery = Some(recovery);
+        self
+    }
+
+    fn stepper(&self) -> Result<Stepper<S>, Violation> {
+        let mut builder = Stepper::builder((self.factory)())
+            .mode(Mode::Adversarial)
+            .host(self.host.clone());
+        if let Some(recovery) = &self.recovery {
+            builder = builder.shared_recovery(Rc::clone(recovery));
+        }
+        match builder.build() {
+            Ok(stepper) => match stepper.violation() {
+                Some(violation) => Err(violation.clone()),
+                None => Ok(stepper),
+            },
+            Err(error) => Err(Violation {
+                guarantee: GuaranteeId::ErrorsNotPanics,
+                phase: crate::guarantee::Phase::Setup,
+                detail: error.to_string(),
+            }),
+        }
+    }
+
+    /// Replays `inputs` on a fresh stepper.
+    fn replay(&self, inputs: &[Input]) -> Result<Stepper<S>, Violation> {
+        let mut stepper = self.stepper()?;
+        stepper.steps(inputs)?;
+        Ok(stepper)
+    }
+
+    /// Explores breadth-first as `config` says.
+    pub fn run(&self, config: &ExploreConfig) -> ExploreReport {
+        let prefix = setup_prefix(config.nodes);
+        let mut report = ExploreReport::default();
+        let fail = |violation: Violation, liveness: bool, inputs: &[Input]| Counterexample {
+            violation,
+            liveness,
+            trace: Trace::new(inputs.to_vec()),
+            length: inputs.len() - prefix.len(),
+        };
+        let root = match self.replay(&prefix) {
+            Ok(stepper) => stepper,
+            Err(violation) => {
+                report.counterexample = Some(fail(violation, false, &prefix));
+                return report;
+            }
+        };
+        let mut seen = BTreeSet::new();
+        seen.insert(fingerprint(&root));
+        report.distinct_states = 1;
+        if config.liveness
+            && let Some(violation) = self.liveness(&prefix)
+        {
+            report.counterexample = Some(fail(violation, true, &prefix));
+            return report;
+        }
+        let mut frontier: VecDeque<(Vec<Input>, Vec<Input>)> = VecDeque::new();
+        frontier.push_back((prefix.clone(), alphabet(&root, config.nodes)));
+        drop(root);
+        for level in 0..config.depth {
+            let mut next = VecDeque::new();
+            while let Some((inputs, choices)) = frontier.pop_front() {
+                for input in choices {
+                    let mut path = inputs.clone();
+                    path.push(input);
+                    report.states_explored += 1;
+                    let stepper = match self.replay(&path) {
+                        Ok(stepper) => stepper,
+                        Err(violation) => {
+                            report.counterexample = Some(fail(violation, false, &path));
+                            return report;
+                        }
+                    };
+                    if !seen.insert(fingerprint(&stepper)) {
+                        continue;
+                    }
+                    report.distinct_states += 1;
+                    let choices = alphabet(&stepper, config.nodes);
+                    drop(stepper);
+                    if config.liveness
+                        && let Some(violation) = self.liveness(&path)
+                    {
+                        report.counterexample = Some(fail(violation, true, &path));
+                        return report;
+                    }
+                    if report.distinct_states >= config.max_states {
+                        report.truncated = true;
+                        report.depth_reached = level;
+                        return report;
+                    }
+                    next.push_back((path, choices));
+                }
+            }
+            report.depth_reached = level + 1;
+            if next.is_empty() {
+                break;
+            }
+            frontier = next;
+        }
+        report
+    }
+
+    /// Replays `inputs` and runs the fair tail: `Some` when it does not
+    /// converge (and no exhaustion edge excuses it) or breaks a guarantee.
+    fn liveness(&self, inputs: &[Input]) -> Option<Violation> {
+        let mut stepper = match self.replay(inputs) {
+            Ok(stepper) => stepper,
+            Err(violation) => return Some(violation),
+        };
+        let tail = stepper.run_fair_tail();
+        if let Some(violation) = tail.violation {
+            return Some(violation);
+        }
+        if !tail.converged && !tail.edges_reached {
+            return Some(Violation {
+                guarantee: GuaranteeId::FairConvergence,
+                phase: crate::guarantee::Phase::Tail(tail.rounds),
+                detail: format!("no convergence: {}", tail.pending_description),
+            });
+        }
+        None
+    }
+}
+
+/// The inputs worth trying from `stepper`'s state: every reply kind for the
+/// next backend call, delivering one queued task, one stream event, a clock
+/// jump to the next stored deadline, one shape change, a duplicated or late
+/// delivery, a node loss, a hang release and a controller crash.
+pub fn alphabet<S: Substrate>(stepper: &Stepper<S>, nodes: u32) -> Vec<Input> {
+    let mut out = Vec::new();
+    for fault in [
+        Fault::Succeed,
+        Fault::NotReady,
+        Fault::Definite,
+        Fault::AmbiguousDone,
+        Fault::AmbiguousUndone,
+        Fault::Hang,
+    ] {
+        out.push(Input::Script {
+            target: FaultTarget::Any,
+            fault,
+        });
+    }
+    out.push(Input::Run(WorkStep::Fifo));
+    for n in 0..nodes {
+        out.push(Input::Run(WorkStep::One(n)));
+    }
+    out.push(Input::Stream {
+        session: 0,
+        event: StreamEvent::Joined,
+    });
+    out.push(Input::Stream {
+        session: 0,
+        event: StreamEvent::Converged,
+    });
+    if let Some(at) = stepper.requeue_at() {
+        let millis = at.as_millis().saturating_sub(stepper.now().as_millis());
+        out.push(Input::Tick {
+            millis: millis.clamp(1, crate::trace::MAX_TICK_MS),
+        });
+    }
+    out.push(Input::Desire(ShapeChange::Scale {
+        group: Group::A,
+        count: nodes + 1,
+    }));
+    out.push(Input::Desire(ShapeChange::Scale {
+        group: Group::A,
+        count: nodes - 1,
+    }));
+    out.push(Input::Desire(ShapeChange::Drift {
+        group: Group::A,
+        field: DriftField::Image,
+    }));
+    out.push(Input::Redeliver { back: 0 });
+    out.push(Input::Redeliver { back: 1 });
+    out.push(Input::Release);
+    out.push(Input::Lose {
+        ready: 0,
+        cause: LossCause::AgentGone,
+    });
+    out.push(Input::Crash);
+    out
+}
+
+/// A hash of what makes two states equivalent: observed state, desired
+/// shape, clock and requeue, live resources, queued backend work.
+pub fn fingerprint<S: Substrate>(stepper: &Stepper<S>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    format!("{:?}", stepper.state()).hash(&mut hasher);
+    format!("{:?}", stepper.desired_shape()).hash(&mut hasher);
+    stepper.now().as_millis().hash(&mut hasher);
+    format!("{:?}", stepper.requeue_at()).hash(&mut hasher);
+    format!("{:?}", stepper.live_resources()).hash(&mut hasher);
+    stepper.substrate().describe_work().hash(&mut hasher);
+    hasher.finish()
+}
