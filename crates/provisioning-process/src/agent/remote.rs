@@ -266,7 +266,7 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
                 stage: FailureStage::BootCheck,
                 detail,
             });
-            stop_group(grace).await;
+            stop_group(&order.run, grace).await;
             return EXIT_VERIFY;
         }
     }
@@ -313,7 +313,7 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
             tokio::select! {
                 _ = terminate.recv() => {
                     tracing::info!("terminating");
-                    stop_group(grace).await;
+                    stop_group(&order.run, grace).await;
                     return 0;
                 }
                 dialed = dial(&order) => match dialed {
@@ -332,7 +332,7 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
                 ?window,
                 "no swarm to re-join within the window; stopping the node"
             );
-            stop_group(grace).await;
+            stop_group(&order.run, grace).await;
             return 0;
         };
         if first {
@@ -354,7 +354,7 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
             tokio::select! {
                 _ = terminate.recv() => {
                     tracing::info!("terminating");
-                    stop_group(grace).await;
+                    stop_group(&order.run, grace).await;
                     return 0;
                 }
                 read = connection.0.read(&mut buffer) => match read {
@@ -372,7 +372,7 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
                     }
                     // The workload is gone: the node is done.
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    stop_group(grace).await;
+                    stop_group(&order.run, grace).await;
                     return 0;
                 }
             }
@@ -416,8 +416,9 @@ async fn dial(order: &BootOrder) -> Result<Connection, String> {
         .unwrap_or_else(|_| Err(format!("no welcome within {DIAL_TIMEOUT:?}")))
 }
 
-/// `SIGTERM` to the agent's group, a grace, then `SIGKILL` (the agent too).
-async fn stop_group(grace: Duration) {
+/// `SIGTERM` to the agent's group, a grace, then `SIGKILL` to every other
+/// member of it (found by the run tag in `/proc`); the agent then exits.
+async fn stop_group(run: &str, grace: Duration) {
     let group = getpgrp();
     if group != getpid() {
         return;
@@ -434,5 +435,15 @@ async fn stop_group(grace: Duration) {
         }
         tokio::time::sleep(GROUP_POLL_INTERVAL).await;
     }
-    let _ = killpg(group, Signal::SIGKILL);
+    let run = provisioning::RunId::new(run);
+    match os::group_processes(&run, group.as_raw()) {
+        Ok(processes) => {
+            let others: Vec<_> = processes.into_iter().filter(|p| p.pid != me).collect();
+            os::signal_processes(&others, Signal::SIGKILL);
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot list the node's processes; killing the group");
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+    }
 }
