@@ -58,7 +58,13 @@
 //!   `boot.start_command` detached, recorded in the claim; it does not yet
 //!   start the node agent and wait for its swarm join.
 //!   [`SshPlugin::install_agent`] (upload once per content hash) is the
-//!   first piece of that.
+//!   first piece of that; the others exist and are tested on loopback
+//!   (`tests/remote_agent.rs`): the controller's listener
+//!   `provisioning_process::remote::RemoteSwarm` and the agent's remote boot
+//!   mode (`provisioning_process::agent::remote`, the
+//!   `provision-remote-agent` binary of this crate), which takes its boot
+//!   order from a `0600` file, joins over TCP and re-dials for a bounded
+//!   window.
 //! - Connection multiplexing (`ControlMaster`), the Level 3 battery over
 //!   SSH, the CLI's `[providers.ssh]` table.
 
