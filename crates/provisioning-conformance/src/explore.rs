@@ -197,11 +197,22 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
         }
     }
 
-    /// Replays `inputs` on a fresh stepper.
-    fn replay(&self, inputs: &[Input]) -> Result<Stepper<S>, Violation> {
+    /// Replays `inputs` on a fresh stepper. Also says whether a crash is
+    /// still armed: a [`Input::Crash`] fires at the next wake that hands out
+    /// operations, so until a later step starts a backend call it is part
+    /// of the state.
+    fn replay(&self, inputs: &[Input]) -> Result<(Stepper<S>, bool), Violation> {
         let mut stepper = self.stepper()?;
-        stepper.steps(inputs)?;
-        Ok(stepper)
+        let mut armed = false;
+        for input in inputs {
+            let report = stepper.step(input)?;
+            if *input == Input::Crash {
+                armed = true;
+            } else if !report.calls.is_empty() {
+                armed = false;
+            }
+        }
+        Ok((stepper, armed))
     }
 
     /// Explores breadth-first as `config` says.
@@ -215,14 +226,14 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
             length: inputs.len() - prefix.len(),
         };
         let root = match self.replay(&prefix) {
-            Ok(stepper) => stepper,
+            Ok((stepper, armed)) => (stepper, armed),
             Err(violation) => {
                 report.counterexample = Some(fail(violation, false, &prefix));
                 return report;
             }
         };
         let mut seen = BTreeSet::new();
-        seen.insert(fingerprint(&root));
+        seen.insert(fingerprint(&root.0, root.1));
         report.distinct_states = 1;
         if config.liveness
             && let Some(violation) = self.liveness(&prefix)
@@ -231,7 +242,7 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
             return report;
         }
         let mut frontier: VecDeque<(Vec<Input>, Vec<Input>)> = VecDeque::new();
-        frontier.push_back((prefix.clone(), alphabet(&root, config.nodes)));
+        frontier.push_back((prefix.clone(), alphabet(&root.0, config.nodes)));
         drop(root);
         for level in 0..config.depth {
             let mut next = VecDeque::new();
@@ -241,17 +252,17 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
                     path.push(input);
                     report.states_explored += 1;
                     let stepper = match self.replay(&path) {
-                        Ok(stepper) => stepper,
+                        Ok(replayed) => replayed,
                         Err(violation) => {
                             report.counterexample = Some(fail(violation, false, &path));
                             return report;
                         }
                     };
-                    if !seen.insert(fingerprint(&stepper)) {
+                    if !seen.insert(fingerprint(&stepper.0, stepper.1)) {
                         continue;
                     }
                     report.distinct_states += 1;
-                    let choices = alphabet(&stepper, config.nodes);
+                    let choices = alphabet(&stepper.0, config.nodes);
                     drop(stepper);
                     if config.liveness
                         && let Some(violation) = self.liveness(&path)
@@ -280,7 +291,7 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
     /// converge (and no exhaustion edge excuses it) or breaks a guarantee.
     fn liveness(&self, inputs: &[Input]) -> Option<Violation> {
         let mut stepper = match self.replay(inputs) {
-            Ok(stepper) => stepper,
+            Ok((stepper, _)) => stepper,
             Err(violation) => return Some(violation),
         };
         let tail = stepper.run_fair_tail();
@@ -359,9 +370,11 @@ pub fn alphabet<S: Substrate>(stepper: &Stepper<S>, nodes: u32) -> Vec<Input> {
 }
 
 /// A hash of what makes two states equivalent: observed state, desired
-/// shape, clock and requeue, live resources, queued backend work.
-pub fn fingerprint<S: Substrate>(stepper: &Stepper<S>) -> u64 {
+/// shape, clock and requeue, live resources, queued backend work, and
+/// whether a controller crash is armed.
+pub fn fingerprint<S: Substrate>(stepper: &Stepper<S>, crash_armed: bool) -> u64 {
     let mut hasher = DefaultHasher::new();
+    crash_armed.hash(&mut hasher);
     format!("{:?}", stepper.state()).hash(&mut hasher);
     format!("{:?}", stepper.desired_shape()).hash(&mut hasher);
     stepper.now().as_millis().hash(&mut hasher);

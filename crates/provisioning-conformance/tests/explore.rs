@@ -6,11 +6,11 @@ use provisioning_conformance::{
 };
 
 #[test]
-fn one_node_every_interleaving_to_depth_four_keeps_safety_and_liveness() {
-    let report = Explorer::new(FakeSubstrate::new).run(&ExploreConfig::new(1, 4));
+fn one_node_every_interleaving_to_depth_five_keeps_safety_and_liveness() {
+    let report = Explorer::new(FakeSubstrate::new).run(&ExploreConfig::new(1, 5));
     eprintln!("{report}");
     assert!(report.passed(), "{report}");
-    assert_eq!(report.depth_reached, 4);
+    assert_eq!(report.depth_reached, 5);
     assert!(report.distinct_states > 20, "{report}");
 }
 
@@ -61,5 +61,6 @@ fn a_host_that_submits_before_it_commits_is_found_as_g27_shortest() {
     let explorer = Explorer::new(FakeSubstrate::new).host(host);
     let found = caught(explorer.run(&ExploreConfig::new(2, 3)));
     assert_eq!(found.guarantee(), GuaranteeId::DurableBeforeDispatch);
-    assert_eq!(found.length, 1, "{found}");
+    // `crash; run fifo`: the crash fires between submit and commit.
+    assert_eq!(found.length, 2, "{found}");
 }

@@ -6,6 +6,8 @@
 //! conformance bench [N]       N traces (N/2 seeds x 2 modes, default 512); prints
 //!                             traces per second and the wall time
 //! conformance replay FILE     replays a regression file
+//! conformance explore N D     explores every interleaving for N (1 or 2) nodes to
+//!                             depth D (G31); prints states and states/s
 //! ```
 //!
 //! Build it in release mode for the benchmark:
@@ -16,7 +18,9 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use provisioning_conformance::{Battery, BatteryReport, Regression};
+use provisioning_conformance::{
+    Battery, BatteryReport, ExploreConfig, Explorer, FakeSubstrate, Regression,
+};
 
 /// The number of traces the benchmark runs by default (256 seeds x 2 modes).
 const BENCH_TRACES: usize = 512;
@@ -31,7 +35,7 @@ fn say(text: impl std::fmt::Display) {
 }
 
 fn usage(problem: &str) -> ExitCode {
-    eprintln!("{problem}\nusage: conformance [bench [TRACES] | replay FILE]");
+    eprintln!("{problem}\nusage: conformance [bench [TRACES] | replay FILE | explore NODES DEPTH]");
     ExitCode::from(2)
 }
 
@@ -99,6 +103,29 @@ fn replay(path: &str) -> ExitCode {
     verdict(&report)
 }
 
+fn explore(nodes: &str, depth: &str) -> ExitCode {
+    let (Ok(nodes @ 1..=2), Ok(depth)) = (nodes.parse::<u32>(), depth.parse::<usize>()) else {
+        return usage("explore wants NODES (1 or 2) and DEPTH");
+    };
+    let started = Instant::now();
+    let report = Explorer::new(FakeSubstrate::new).run(&ExploreConfig::new(nodes, depth));
+    let wall = started.elapsed().as_secs_f64();
+    say(format_args!(
+        "explore {nodes} node(s) depth {depth}: {report}{:.3} s wall, {:.0} transitions/s, {:.0} distinct states/s",
+        wall,
+        report.states_explored as f64 / wall.max(f64::MIN_POSITIVE),
+        report.distinct_states as f64 / wall.max(f64::MIN_POSITIVE)
+    ));
+    if let Some(found) = &report.counterexample {
+        say(format_args!(
+            "reproduce: PROVISIONING_TRACE='{}' conformance",
+            found.trace.to_single_line()
+        ));
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args
@@ -114,6 +141,7 @@ fn main() -> ExitCode {
             _ => usage(&format!("not a trace count: {count}")),
         },
         ["replay", path] => replay(path),
+        ["explore", nodes, depth] => explore(nodes, depth),
         _ => usage("unknown arguments"),
     }
 }
