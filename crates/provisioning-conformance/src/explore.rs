@@ -180,7 +180,7 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
     fn stepper(&self) -> Result<Stepper<S>, Violation> {
         let mut builder = Stepper::builder((self.factory)())
             .mode(Mode::Adversarial)
-            .host(self.host.clone());
+            .host(self.host);
         if let Some(recovery) = &self.recovery {
             builder = builder.shared_recovery(Rc::clone(recovery));
         }
