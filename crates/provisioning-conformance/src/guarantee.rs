@@ -275,6 +275,8 @@ mod tests {
         assert_eq!(GuaranteeId::ConvergedLeaksNothing.id(), "G23");
         assert_eq!(GuaranteeId::CrashSafety.id(), "G26");
         assert_eq!(GuaranteeId::OrphansCollected.id(), "G28");
-        assert_eq!(GuaranteeId::from_id("G29"), None);
+        assert_eq!(GuaranteeId::BudgetsHold.id(), "G29");
+        assert_eq!(GuaranteeId::BreakerLiveness.id(), "G30");
+        assert_eq!(GuaranteeId::from_id("G31"), None);
     }
 }

@@ -22,6 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use provisioning::MaxUnavailable;
 use provisioning::effect::{EffectOutput, EndpointLookup};
 use provisioning::observe::BootstrapEvent;
 use provisioning::shape::DesiredState;
@@ -242,11 +243,13 @@ pub(crate) fn g08_no_double_create(live: &LiveResources) -> Verdict {
 
 /// G14: readiness implies active, the full fact set and the desired spec;
 /// deleting implies not ready. `settled` says no pass is queued, so a ready
-/// node whose spec just changed has been looked at.
+/// node whose spec just changed has been looked at — unless its group's
+/// rollout budget (in `budgets`) is spent, when it may wait (G29).
 pub(crate) fn g14_readiness_coherence(
     state: &ClusterState,
     desired: &DesiredState,
     settled: bool,
+    budgets: &BTreeMap<GroupId, MaxUnavailable>,
 ) -> Verdict {
     for (id, node) in &state.nodes {
         let record = &node.record;
@@ -276,7 +279,13 @@ pub(crate) fn g14_readiness_coherence(
         ensure(missing.is_empty(), GuaranteeId::ReadinessCoherence, || {
             format!("ready {} lacks {}", label(id, node), missing.join(", "))
         })?;
-        if settled {
+        // A drifted ready node may wait while its group's rollout budget is
+        // spent (G29); it then still holds the old spec.
+        let held_by_budget = budgets.get(id.group()).is_some_and(|budget| {
+            let count = desired.groups().get(id.group()).map_or(0, |g| g.count());
+            unavailable_slots(state, desired, id.group()) >= budget.of(count)
+        });
+        if settled && !held_by_budget {
             ensure(
                 desired.spec(id).is_some_and(|spec| spec == node.spec),
                 GuaranteeId::ReadinessCoherence,
@@ -1238,43 +1247,6 @@ pub(crate) fn describe_node(id: &LogicalNodeId, node: &ManagedNode) -> String {
     text
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use provisioning::id::OperationSequence;
-    use provisioning::{EffectKind, GroupId, OperationId};
-
-    fn call(attempt: u64, sequence: u32) -> CallRecord {
-        CallRecord {
-            op: OperationId::new(
-                NodeAttemptId::from_raw(attempt),
-                OperationSequence::from_raw(sequence),
-            ),
-            node: LogicalNodeId::new(GroupId::new("a"), 0),
-            kind: EffectKind::CreateLease,
-            overlapping: 0,
-        }
-    }
-
-    #[test]
-    fn a_call_starting_after_a_newer_operation_of_its_attempt_breaks_g04() {
-        let mut newest = BTreeMap::new();
-        assert!(g04_no_call_after_a_newer_one(&call(1, 1), &mut newest).is_ok());
-        assert!(g04_no_call_after_a_newer_one(&call(1, 3), &mut newest).is_ok());
-        assert!(g04_no_call_after_a_newer_one(&call(2, 1), &mut newest).is_ok());
-        assert!(
-            g04_no_call_after_a_newer_one(&call(1, 3), &mut newest).is_ok(),
-            "the same operation again (an adoption re-issue) is fine"
-        );
-        let stale = g04_no_call_after_a_newer_one(&call(1, 2), &mut newest);
-        let breach = stale.err().map(|b| (b.guarantee, b.detail));
-        assert!(
-            matches!(&breach, Some((GuaranteeId::RecordBeforeDispatch, d)) if d.contains("a1/op2") && d.contains("a1/op3")),
-            "{breach:?}"
-        );
-    }
-}
-
 /// G29, launch cap: when a drive started a first create (of an active
 /// node), the creates pending across the cluster afterwards are within
 /// `cap`. Counted from the recorded state, not from the driver's counters.
@@ -1371,4 +1343,41 @@ pub(crate) fn g29_rollout_within_budget(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provisioning::id::OperationSequence;
+    use provisioning::{EffectKind, GroupId, OperationId};
+
+    fn call(attempt: u64, sequence: u32) -> CallRecord {
+        CallRecord {
+            op: OperationId::new(
+                NodeAttemptId::from_raw(attempt),
+                OperationSequence::from_raw(sequence),
+            ),
+            node: LogicalNodeId::new(GroupId::new("a"), 0),
+            kind: EffectKind::CreateLease,
+            overlapping: 0,
+        }
+    }
+
+    #[test]
+    fn a_call_starting_after_a_newer_operation_of_its_attempt_breaks_g04() {
+        let mut newest = BTreeMap::new();
+        assert!(g04_no_call_after_a_newer_one(&call(1, 1), &mut newest).is_ok());
+        assert!(g04_no_call_after_a_newer_one(&call(1, 3), &mut newest).is_ok());
+        assert!(g04_no_call_after_a_newer_one(&call(2, 1), &mut newest).is_ok());
+        assert!(
+            g04_no_call_after_a_newer_one(&call(1, 3), &mut newest).is_ok(),
+            "the same operation again (an adoption re-issue) is fine"
+        );
+        let stale = g04_no_call_after_a_newer_one(&call(1, 2), &mut newest);
+        let breach = stale.err().map(|b| (b.guarantee, b.detail));
+        assert!(
+            matches!(&breach, Some((GuaranteeId::RecordBeforeDispatch, d)) if d.contains("a1/op2") && d.contains("a1/op3")),
+            "{breach:?}"
+        );
+    }
 }

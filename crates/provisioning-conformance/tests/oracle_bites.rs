@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink, SubmitError};
 use provisioning::effect::{LeaseHandle, Operation, SessionHandle};
 use provisioning::id::OperationSequence;
+use provisioning::limits::{LimitCounters, Limits};
 use provisioning::observe::LossCause;
 use provisioning::shape::DesiredState;
 use provisioning::spawn::Spawner;
@@ -136,6 +137,14 @@ enum Flaw {
     AlwaysRequeues,
     /// Endpoint lookups are recorded pending but never reach the executor.
     SwallowsLookups,
+    /// Launch caps are dropped from the limits it is given.
+    IgnoresCap,
+    /// Rollout budgets are dropped from the limits it is given.
+    IgnoresBudget,
+    /// Every breaker's cool-down is stretched to a thousand days and the
+    /// wake for its probe is never reported: an open breaker never
+    /// half-opens.
+    NeverHalfOpens,
 }
 
 struct Broken {
@@ -312,6 +321,19 @@ impl DriverUnderTest for Broken {
     fn requeue_at(&self) -> Option<Timestamp> {
         match self.flaw {
             Flaw::AlwaysRequeues => self.inner.requeue_at().or(Some(Timestamp::MAX)),
+            // The far-off probe wake is never armed.
+            Flaw::NeverHalfOpens => self.inner.requeue_at().filter(|at| {
+                self.inner
+                    .state()
+                    .nodes
+                    .values()
+                    .filter_map(|n| n.pending.as_ref())
+                    .any(|p| p.deadline >= *at)
+                    || self
+                        .inner
+                        .breaker(&provisioning::GroupId::new("a"))
+                        .is_none()
+            }),
             _ => self.inner.requeue_at(),
         }
     }
@@ -339,12 +361,89 @@ impl DriverUnderTest for Broken {
     fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
         self.inner.take_changes(now)
     }
+
+    fn set_limits(&mut self, mut limits: Limits) {
+        match self.flaw {
+            Flaw::IgnoresCap => limits.max_concurrent_creates.clear(),
+            Flaw::IgnoresBudget => limits.max_unavailable.clear(),
+            Flaw::NeverHalfOpens => {
+                for policy in limits.breakers.values_mut() {
+                    policy.cooldown = NEVER;
+                }
+            }
+            _ => {}
+        }
+        self.inner.set_limits(limits);
+    }
+
+    fn limit_counters(&self) -> LimitCounters {
+        self.inner.limit_counters().clone()
+    }
 }
+
+/// A cool-down no fair tail waits out (a thousand days).
+const NEVER: std::time::Duration = std::time::Duration::from_secs(1_000 * 86_400);
 
 fn broken_battery(flaw: Flaw) -> Battery<FakeSubstrate> {
     Battery::new(format!("{flaw:?}"), FakeSubstrate::new)
         .seed_count(SEEDS_TO_CATCH)
         .driver(broken(flaw))
+}
+
+#[test]
+fn a_driver_that_ignores_launch_caps_is_caught_as_g29() {
+    let failure = first_failure(broken_battery(Flaw::IgnoresCap));
+    check_caught(&failure, &[GuaranteeId::BudgetsHold]);
+}
+
+#[test]
+fn a_driver_that_ignores_rollout_budgets_is_caught_as_g29() {
+    // A drift of a ready two-node group under a budget of one: random seeds
+    // rarely line that up, so the trace is given (and shrunk all the same).
+    let rollout: Trace = "limit budget a 1; run fifo; run fifo; run fifo; stream @0 joined; \
+                          stream @1 joined; run fifo; tick 1000ms; desire drift a image; \
+                          run fifo; run fifo"
+        .parse()
+        .unwrap();
+    let battery = broken_battery(Flaw::IgnoresBudget)
+        .seeds([])
+        .traces([rollout.clone()]);
+    check_caught(&first_failure(battery), &[GuaranteeId::BudgetsHold]);
+    // The real driver keeps the same trace within its budget.
+    let report = Battery::new("budget kept", FakeSubstrate::new)
+        .seeds([])
+        .traces([rollout])
+        .require_vacuity(false)
+        .run();
+    assert!(
+        report.failures.is_empty(),
+        "{:?}",
+        report.failures.first().map(ToString::to_string)
+    );
+}
+
+#[test]
+fn a_breaker_that_never_half_opens_is_caught_as_g30() {
+    let tripped: Trace = "limit breaker a 1 1000ms; run fifo; run fifo; run fifo; \
+                          stream @0 failed start-failed; stream @1 failed start-failed; \
+                          run fifo; run fifo; tick 1000ms; run fifo"
+        .parse()
+        .unwrap();
+    let battery = broken_battery(Flaw::NeverHalfOpens)
+        .seeds([])
+        .modes([Mode::Fair])
+        .traces([tripped.clone()]);
+    check_caught(&first_failure(battery), &[GuaranteeId::BreakerLiveness]);
+    let report = Battery::new("breaker probes", FakeSubstrate::new)
+        .seeds([])
+        .traces([tripped])
+        .require_vacuity(false)
+        .run();
+    assert!(
+        report.failures.is_empty(),
+        "{:?}",
+        report.failures.first().map(ToString::to_string)
+    );
 }
 
 #[test]

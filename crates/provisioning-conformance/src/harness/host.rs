@@ -776,7 +776,14 @@ impl<S: Substrate> Harness<S> {
                 oracle::g03_facts_belong_to_current_attempt(state, &lease_owner, &session_owner)
             })
             .and_then(|()| oracle::g06_dead_nodes_hold_nothing(state))
-            .and_then(|()| oracle::g14_readiness_coherence(state, desired, settled))
+            .and_then(|()| {
+                oracle::g14_readiness_coherence(
+                    state,
+                    desired,
+                    settled,
+                    &self.limits.max_unavailable,
+                )
+            })
             .and_then(|()| oracle::g15_session_coherence(state))
             .and_then(|()| oracle::g16_generation_is_monotonic(state, desired, &mut highest))
             .and_then(|()| {

@@ -72,6 +72,26 @@ impl<S: Substrate> Harness<S> {
                 .keys()
                 .map(|(node, attempt)| format!("{node}/{attempt}"))
                 .collect();
+            // A group with a breaker (in the kit's model of the limits)
+            // whose desired slots are not all ready: its breaker blocked
+            // convergence after faults stopped (G30).
+            let desired = self.driver.desired();
+            let blocked: Vec<String> = self
+                .limits
+                .breakers
+                .keys()
+                .filter(|group| oracle::unavailable_slots(self.driver.state(), desired, group) > 0)
+                .map(ToString::to_string)
+                .collect();
+            if !blocked.is_empty() {
+                return Err(self.crash_aware(
+                    GuaranteeId::BreakerLiveness,
+                    format!(
+                        "no convergence within {FAIR_ROUNDS_MAX} fair rounds with a breaker on group(s) {} and their slots not ready; still pending: {pending}",
+                        blocked.join(", ")
+                    ),
+                ));
+            }
             return Err(self.crash_aware(
                 GuaranteeId::FairConvergence,
                 format!(
