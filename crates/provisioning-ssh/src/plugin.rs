@@ -278,6 +278,66 @@ impl SshPlugin {
         }
     }
 
+    /// Starts the installed agent `agent` (see [`SshPlugin::install_agent`])
+    /// for the claim of `key` on `host`, in the remote boot mode of
+    /// `provisioning_process::agent::remote`. `order` is the boot order's
+    /// JSON; it travels on `ssh`'s standard input into a `0600` file, never
+    /// on a command line. Returns `true` when started now, `false` when a
+    /// session of the claim existed already.
+    ///
+    /// # Errors
+    /// Not found when the claim is gone; definite when the host is unknown,
+    /// refused the connection or the start failed; ambiguous when the call
+    /// broke off.
+    pub async fn launch_agent(
+        &self,
+        host: &str,
+        key: &AttemptKey,
+        agent: &str,
+        order: &[u8],
+    ) -> Result<bool, PluginError> {
+        let index = self
+            .config
+            .hosts
+            .iter()
+            .position(|h| h.name == host)
+            .ok_or_else(|| {
+                PluginError::definite(format!(
+                    "host {host:?} is not in inventory {:?}",
+                    self.config.inventory_name
+                ))
+            })?;
+        let path = claim_path(key)?;
+        let host = &self.config.hosts[index];
+        let remote = format!(
+            "sh -c {}",
+            quote(&script::launch_agent(host.claim_root(), &path, agent))
+        );
+        let reply = ssh::run_with_input(&self.config, host, None, &remote, order)
+            .await
+            .map_err(|failure| self.failure(host, "starting the agent", failure))?;
+        match reply.verdict() {
+            "STARTED" => {
+                self.watch(key, index);
+                Ok(true)
+            }
+            "ADOPTED" => {
+                self.watch(key, index);
+                Ok(false)
+            }
+            "NOTFOUND" => Err(PluginError::not_found(format!(
+                "the claim of {key} is gone from host {:?}",
+                host.name
+            ))),
+            "FAILED" => Err(PluginError::definite(format!(
+                "starting the agent on host {:?} failed: {}",
+                host.name,
+                reply.stderr.trim()
+            ))),
+            _ => Err(self.unexpected(index, "starting the agent", &reply)),
+        }
+    }
+
     fn watch(&self, key: &AttemptKey, host: usize) {
         if key.run_id == self.config.run_id {
             lock(&self.known).insert(key.clone(), host);

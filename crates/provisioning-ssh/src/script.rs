@@ -163,3 +163,26 @@ echo INSTALLED
         r = quote(root),
     )
 }
+
+/// Starts the installed agent `agent` for the claim at `path` in remote boot
+/// mode: the boot order (with its credential) is read from standard input
+/// into a `0600` file of the session, which the agent removes once read;
+/// the agent's pid (it leads its own session and group) goes to
+/// `session/pid`, so `stop_session` stops it. Prints `STARTED`, `ADOPTED`
+/// (a session exists), `NOTFOUND` (no claim) or `FAILED`.
+pub(crate) fn launch_agent(root: &str, path: &str, agent: &str) -> String {
+    format!(
+        r#"root={r}; claim="$root"/{p}
+if [ ! -d "$claim" ]; then cat >/dev/null; echo NOTFOUND; exit 0; fi
+if ! mkdir "$claim/session" 2>/dev/null; then cat >/dev/null; echo ADOPTED; exit 0; fi
+s="$claim/session"
+if ! (umask 077; cat >"$s/order"); then rm -f "$s/order"; echo FAILED; exit 6; fi
+PROVISION_AGENT_BOOT_FILE="$s/order" PROVISION_AGENT_STATUS_FILE="$s/status" {a} </dev/null >"$s/log" 2>&1 &
+echo $! >"$s/pid"
+echo STARTED
+"#,
+        r = quote(root),
+        p = quote(path),
+        a = quote(agent),
+    )
+}
