@@ -332,6 +332,7 @@ impl fmt::Display for BatteryReport {
             .vacuity
             .required()
             .iter()
+            .chain(self.vacuity.limits().iter())
             .map(|(name, count)| format!("{name} {count}"))
             .collect();
         writeln!(f, "vacuity: {}", counts.join(", "))?;

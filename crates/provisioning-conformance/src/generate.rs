@@ -139,9 +139,23 @@ pub fn generate(seed: u64, config: &GeneratorConfig) -> Trace {
     let low = config.min_inputs.min(config.max_inputs) as u64;
     let high = config.max_inputs.max(config.min_inputs) as u64;
     let length = input_rng.between(low, high) as usize;
-    let inputs = (0..length)
+    let mut inputs: Vec<Input> = (0..length)
         .map(|_| draw_input(&weights, &mut input_rng))
         .collect();
+    // A rollout budget only holds something back when it is in force before
+    // a drift of a group with several ready nodes; a limit drawn at a random
+    // point rarely is. A quarter of the seeds start with a budget of one
+    // for a group instead (drawn from a fork, so the rest stays as it was).
+    let mut budget_rng = rng.fork();
+    if budget_rng.chance(250) {
+        inputs.insert(
+            0,
+            Input::Limit(LimitChange::Budget {
+                group: draw_group(&mut budget_rng),
+                count: 1,
+            }),
+        );
+    }
     Trace { header, inputs }
 }
 

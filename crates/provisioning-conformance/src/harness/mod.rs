@@ -221,6 +221,19 @@ impl Vacuity {
         required
     }
 
+    /// The operator-limit counts (SPEC §15, G29/G30), by name. Reported by
+    /// every battery; required (non-zero) by Level 1's battery, whose 512
+    /// traces reach them all, and not by the small real-engine batteries of
+    /// Levels 2 and 3.
+    pub fn limits(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("cap reached", self.cap_reached),
+            ("budget held a replacement back", self.budget_held),
+            ("breaker opened", self.breakers_opened),
+            ("breaker probe", self.breaker_probes),
+        ]
+    }
+
     /// Adds `other` to `self`.
     pub fn add(&mut self, other: &Vacuity) {
         self.adoptions_after_ambiguity += other.adoptions_after_ambiguity;
