@@ -120,11 +120,11 @@ pub use effect::{
     ExecutorResult, LeaseHandle, Operation, SessionHandle,
 };
 pub use executor::{EffectBackend, ExecutorCounters, IdempotentEffectExecutor, Submitted};
+pub use history::{NodeHistory, Transition};
 pub use id::{
     AttemptAllocator, Generation, GroupId, IdError, LogicalNodeId, NodeAttemptId, OperationId,
     OperationSequence, RunId,
 };
-pub use history::{NodeHistory, Transition};
 pub use limits::{BreakerPolicy, BreakerStatus, LimitCounters, Limits, MaxUnavailable};
 pub use observe::{BootstrapEvent, BootstrapRejection, LossCause, Observation};
 pub use policy::RetryPolicy;
