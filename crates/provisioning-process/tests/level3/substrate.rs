@@ -405,7 +405,9 @@ impl Substrate for ProcessSubstrate {
     fn lose(&mut self, node: &LogicalNodeId, attempt: NodeAttemptId, cause: LossCause) -> bool {
         let key = (node.clone(), attempt);
         let killed = match cause {
-            LossCause::AgentGone | LossCause::WorkloadExited => usize::from(os_faults::kill_agent(&self.world.run, &key)),
+            LossCause::AgentGone | LossCause::WorkloadExited => {
+                usize::from(os_faults::kill_agent(&self.world.run, &key))
+            }
             LossCause::LeaseGone => os_faults::kill_node(&self.world.run, &key),
         };
         if killed == 0 {
