@@ -15,11 +15,11 @@ fn one_node_every_interleaving_to_depth_five_keeps_safety_and_liveness() {
 }
 
 #[test]
-fn two_nodes_every_interleaving_to_depth_three_keeps_safety_and_liveness() {
-    let report = Explorer::new(FakeSubstrate::new).run(&ExploreConfig::new(2, 3));
+fn two_nodes_every_interleaving_to_depth_four_keeps_safety_and_liveness() {
+    let report = Explorer::new(FakeSubstrate::new).run(&ExploreConfig::new(2, 4));
     eprintln!("{report}");
     assert!(report.passed(), "{report}");
-    assert_eq!(report.depth_reached, 3);
+    assert_eq!(report.depth_reached, 4);
 }
 
 fn caught(
