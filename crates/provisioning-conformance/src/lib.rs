@@ -50,13 +50,13 @@
 pub mod battery;
 pub mod contract;
 pub mod driver_under_test;
+pub mod explore;
 pub mod fake;
 mod fake_support;
 pub mod generate;
 pub mod guarantee;
 pub mod harness;
 pub mod journal;
-pub mod explore;
 mod oracle;
 pub mod plugin_fake;
 pub mod plugin_substrate;
