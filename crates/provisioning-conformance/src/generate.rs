@@ -147,14 +147,14 @@ pub fn generate(seed: u64, config: &GeneratorConfig) -> Trace {
     // point rarely is. A quarter of the seeds start with a budget of one
     // for a group instead (drawn from a fork, so the rest stays as it was).
     let mut budget_rng = rng.fork();
-    if budget_rng.chance(250) {
-        inputs.insert(
-            0,
-            Input::Limit(LimitChange::Budget {
-                group: draw_group(&mut budget_rng),
-                count: 1,
-            }),
-        );
+    if budget_rng.chance(250)
+        && let Some(first) = inputs.first_mut()
+    {
+        // In place of the first input, so the length stays as configured.
+        *first = Input::Limit(LimitChange::Budget {
+            group: draw_group(&mut budget_rng),
+            count: 1,
+        });
     }
     Trace { header, inputs }
 }
