@@ -1,7 +1,9 @@
 //! Pass cost and large bring-up of the core, with an instant in-memory backend.
 //!
 //! Run with `cargo bench -p provisioning --bench pass_cost` (optionally
-//! `-- --quick` for 1k/10k only). Prints medians over repeated runs.
+//! `-- --quick` for 1k/10k only). Prints medians over repeated runs, and
+//! beside the pass cost its floor: a plain scan of a B-tree of as many
+//! node-sized records.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,8 +15,9 @@ use provisioning::spawn::BoxFuture;
 use provisioning::{
     BootParams, BootstrapEvent, ClusterDriver, ClusterShape, EffectError, EffectKind, EffectOutput,
     Endpoint, EndpointLookup, ExecutorResult, Generation, GroupId, IdempotentEffectExecutor,
-    LeaseHandle, ManualSpawner, NodeGroup, NodeTemplate, Observation, Operation, ProviderShape,
-    RetryPolicy, RunId, RunOrder, SessionHandle, SwarmJoinTemplate, Timestamp,
+    LeaseHandle, LogicalNodeId, ManagedNode, ManualSpawner, NodeGroup, NodeTemplate, Observation,
+    Operation, ProviderShape, RetryPolicy, RunId, RunOrder, SessionHandle, SwarmJoinTemplate,
+    Timestamp,
 };
 
 /// Counts live and peak heap bytes, so memory per node is measured from the
@@ -219,6 +222,39 @@ fn mid_bring_up_pass(nodes: u32, samples: usize) -> Duration {
     )
 }
 
+/// A record the size of a [`ManagedNode`], for the floor.
+#[derive(Clone, Copy)]
+struct NodeSized([u64; std::mem::size_of::<ManagedNode>() / 8]);
+
+/// The floor of a full pass: one in-order scan of a B-tree of `nodes`
+/// node-sized records under the driver's key type (4 groups), reading two
+/// words of each record (a pass reads the stage and the pending operation).
+fn floor_scan(nodes: u32, samples: usize) -> Duration {
+    let groups: Vec<GroupId> = (0..4).map(|g| GroupId::new(format!("group{g}"))).collect();
+    let map: BTreeMap<LogicalNodeId, NodeSized> = (0..nodes)
+        .map(|i| {
+            let group = groups[(i % 4) as usize].clone();
+            let mut record = NodeSized([0; std::mem::size_of::<ManagedNode>() / 8]);
+            record.0[0] = u64::from(i);
+            record.0[record.0.len() / 2] = 1;
+            (LogicalNodeId::new(group, i / 4), record)
+        })
+        .collect();
+    median(
+        (0..samples)
+            .map(|_| {
+                let t = Instant::now();
+                let sum: u64 = map
+                    .values()
+                    .map(|r| r.0[0] ^ r.0[r.0.len() / 2])
+                    .fold(0, u64::wrapping_add);
+                std::hint::black_box(sum);
+                t.elapsed()
+            })
+            .collect(),
+    )
+}
+
 fn per_node(d: Duration, nodes: u32) -> f64 {
     d.as_nanos() as f64 / f64::from(nodes)
 }
@@ -238,8 +274,8 @@ fn main() {
     };
     println!("# pass cost (median of repeated forced full passes, ns per node per pass)");
     println!(
-        "{:>8} {:>14} {:>16}",
-        "nodes", "steady ns/node", "mid-bring-up ns/node"
+        "{:>8} {:>14} {:>16} {:>16}",
+        "nodes", "steady ns/node", "mid-bring-up ns/node", "floor ns/node"
     );
     for &n in sizes {
         let samples = if n >= 100_000 { 11 } else { 31 };
@@ -247,10 +283,12 @@ fn main() {
         let steady = steady_pass(&mut up, samples);
         drop(up);
         let mid = mid_bring_up_pass(n, samples);
+        let floor = floor_scan(n, samples);
         println!(
-            "{n:>8} {:>14.1} {:>16.1}",
+            "{n:>8} {:>14.1} {:>16.1} {:>16.1}",
             per_node(steady, n),
-            per_node(mid, n)
+            per_node(mid, n),
+            per_node(floor, n)
         );
     }
 

@@ -6,10 +6,11 @@
 //! clock or mutates its inputs.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use crate::effect::EffectKind;
-use crate::id::{Generation, LogicalNodeId};
-use crate::shape::{DesiredState, LogicalNodeSpec};
+use crate::id::{Generation, GroupId, LogicalNodeId, RunId};
+use crate::shape::{DesiredState, LogicalNodeSpec, NodeTemplate};
 use crate::state::{ClusterState, Intent, ManagedNode, NodeStage, SessionState};
 use crate::time::Timestamp;
 
@@ -170,6 +171,46 @@ fn due(at: Option<Timestamp>, now: Timestamp) -> bool {
     at.is_none_or(|t| now.reached(t))
 }
 
+/// What the decider needs to know about a slot's desired spec: whether the
+/// slot is desired, and whether a node's spec is the desired one.
+#[derive(Clone, Copy)]
+pub(crate) enum SlotDesire<'a> {
+    /// The slot is not desired.
+    Undesired,
+    /// The slot's desired spec, built.
+    Spec(&'a LogicalNodeSpec),
+    /// The desired spec of a slot whose id the caller already matched with
+    /// the node's: only run and template are left to compare, and no spec
+    /// is built for it.
+    Template {
+        /// The desired run.
+        run_id: &'a RunId,
+        /// The group's desired template.
+        template: &'a Arc<NodeTemplate>,
+    },
+}
+
+impl SlotDesire<'_> {
+    pub(crate) fn is_desired(self) -> bool {
+        !matches!(self, SlotDesire::Undesired)
+    }
+
+    /// Whether `node` runs another spec than the desired one (or its slot
+    /// is not desired).
+    pub(crate) fn drifted(self, node: &ManagedNode) -> bool {
+        match self {
+            SlotDesire::Undesired => true,
+            SlotDesire::Spec(spec) => *spec != node.spec,
+            SlotDesire::Template { run_id, template } => {
+                let spec = &node.spec;
+                !(*run_id == *spec.run_id()
+                    && (Arc::ptr_eq(template, spec.shared_template())
+                        || **template == *spec.template()))
+            }
+        }
+    }
+}
+
 /// Decides the next step for one slot.
 ///
 /// `node` is the managed node (if any) and `desired` the slot's desired spec
@@ -179,32 +220,45 @@ pub fn reconcile_node(
     desired: Option<&LogicalNodeSpec>,
     now: Timestamp,
 ) -> Option<NodeDecision> {
+    decide_slot(
+        node,
+        desired.map_or(SlotDesire::Undesired, SlotDesire::Spec),
+        now,
+    )
+}
+
+/// [`reconcile_node`], with the desired side as a [`SlotDesire`].
+pub(crate) fn decide_slot(
+    node: Option<&ManagedNode>,
+    desired: SlotDesire<'_>,
+    now: Timestamp,
+) -> Option<NodeDecision> {
     let Some(node) = node else {
-        return desired.map(|_| NodeDecision::act(Rule::Insert, NodeAction::Insert));
+        return desired
+            .is_desired()
+            .then(|| NodeDecision::act(Rule::Insert, NodeAction::Insert));
     };
     let record = &node.record;
     let retry = &node.retry;
 
     if record.stage == NodeStage::Destroyed {
         // Rows 1–3.
-        return Some(match desired {
-            None => NodeDecision::act(Rule::Reap, NodeAction::Reap),
-            Some(_) if due(retry.restart_at, now) => {
-                NodeDecision::act(Rule::Restart, NodeAction::Restart)
-            }
-            Some(_) => NodeDecision::wait(Rule::AwaitRestart, retry.restart_at.map(Wake::Timer)),
+        return Some(if !desired.is_desired() {
+            NodeDecision::act(Rule::Reap, NodeAction::Reap)
+        } else if due(retry.restart_at, now) {
+            NodeDecision::act(Rule::Restart, NodeAction::Restart)
+        } else {
+            NodeDecision::wait(Rule::AwaitRestart, retry.restart_at.map(Wake::Timer))
         });
     }
 
     // Row 4.
-    if node.intent == Intent::Active {
-        let drifted = desired.is_none_or(|spec| *spec != node.spec);
-        if drifted || record.stage == NodeStage::Failed {
-            return Some(NodeDecision::act(
-                Rule::BeginDelete,
-                NodeAction::BeginDelete,
-            ));
-        }
+    if node.intent == Intent::Active && (record.stage == NodeStage::Failed || desired.drifted(node))
+    {
+        return Some(NodeDecision::act(
+            Rule::BeginDelete,
+            NodeAction::BeginDelete,
+        ));
     }
 
     // Row 5.
@@ -323,32 +377,223 @@ pub fn for_each_slot(
     }
 }
 
+/// One slot visited by [`walk_slots`].
+pub(crate) enum Slot<'a> {
+    /// A managed node and what is desired of its slot.
+    Managed {
+        /// The slot.
+        id: &'a LogicalNodeId,
+        /// The node.
+        node: &'a ManagedNode,
+        /// What is desired of the slot.
+        desire: SlotDesire<'a>,
+    },
+    /// A desired slot without a node.
+    Missing {
+        /// The slot's group.
+        group: &'a GroupId,
+        /// The slot's index.
+        index: u32,
+        /// What is desired of the slot.
+        desire: SlotDesire<'a>,
+    },
+}
+
+impl<'a> Slot<'a> {
+    /// The managed node, if any, and what is desired of the slot.
+    pub(crate) fn parts(&self) -> (Option<&'a ManagedNode>, SlotDesire<'a>) {
+        match *self {
+            Slot::Managed { node, desire, .. } => (Some(node), desire),
+            Slot::Missing { desire, .. } => (None, desire),
+        }
+    }
+
+    /// The slot's id (built for a missing slot).
+    pub(crate) fn id(&self) -> LogicalNodeId {
+        match *self {
+            Slot::Managed { id, .. } => id.clone(),
+            Slot::Missing { group, index, .. } => LogicalNodeId::new(group.clone(), index),
+        }
+    }
+}
+
+/// Visits every slot that is managed or desired, in slot order, like
+/// [`for_each_slot`], without building a [`LogicalNodeSpec`] per slot: the
+/// node map is merge-joined with the desired groups, whose slots are a
+/// range of indices each.
+pub(crate) fn walk_slots<'a>(
+    state: &'a ClusterState,
+    desired: &'a DesiredState,
+    mut visit: impl FnMut(Slot<'a>),
+) {
+    let run_id = desired.run_id();
+    let mut nodes = state.nodes.iter().peekable();
+    for (group, wanted) in desired.groups() {
+        let desire = SlotDesire::Template {
+            run_id,
+            template: wanted.template(),
+        };
+        let count = wanted.count();
+        // Nodes of groups that sort before this one are not desired.
+        while let Some((id, node)) =
+            nodes.next_if(|(id, _)| id.group() != group && id.group() < group)
+        {
+            visit(Slot::Managed {
+                id,
+                node,
+                desire: SlotDesire::Undesired,
+            });
+        }
+        let mut next_index = 0;
+        while let Some((id, node)) = nodes.next_if(|(id, _)| id.group() == group) {
+            let index = id.index();
+            let desired_slot = index < count;
+            let missing_until = if desired_slot { index } else { count };
+            while next_index < missing_until {
+                visit(Slot::Missing {
+                    group,
+                    index: next_index,
+                    desire,
+                });
+                next_index += 1;
+            }
+            if desired_slot {
+                next_index = index + 1;
+                visit(Slot::Managed { id, node, desire });
+            } else {
+                visit(Slot::Managed {
+                    id,
+                    node,
+                    desire: SlotDesire::Undesired,
+                });
+            }
+        }
+        while next_index < count {
+            visit(Slot::Missing {
+                group,
+                index: next_index,
+                desire,
+            });
+            next_index += 1;
+        }
+    }
+    for (id, node) in nodes {
+        visit(Slot::Managed {
+            id,
+            node,
+            desire: SlotDesire::Undesired,
+        });
+    }
+}
+
 /// Decides the next step for every slot: the union of managed nodes and
 /// desired slots, visited in slot order.
 pub fn reconcile(state: &ClusterState, desired: &DesiredState, now: Timestamp) -> Plan {
     let mut actions = Vec::new();
     let mut requeue_at: Option<Timestamp> = None;
-    for_each_slot(state, desired, |node, spec| {
-        let Some(decision) = reconcile_node(node, spec, now) else {
+    walk_slots(state, desired, |slot| {
+        let (node, desire) = slot.parts();
+        let Some(decision) = decide_slot(node, desire, now) else {
             return;
         };
         if let Some(wake) = decision.wake {
             requeue_at = Some(requeue_at.map_or(wake.at(), |t| t.min(wake.at())));
         }
         if decision.action != NodeAction::None {
-            let id = node.map_or_else(|| spec.map(LogicalNodeSpec::id), |n| Some(n.spec.id()));
-            if let Some(id) = id {
-                actions.push(PlannedAction {
-                    node: id.clone(),
-                    rule: decision.rule,
-                    action: decision.action,
-                });
-            }
+            actions.push(PlannedAction {
+                node: slot.id(),
+                rule: decision.rule,
+                action: decision.action,
+            });
         }
     });
     Plan {
         actions,
         observed_generation: desired.generation(),
         requeue_at,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::id::NodeAttemptId;
+    use crate::shape::{ClusterShape, NodeGroup, ProviderShape};
+    use crate::state::{ManagedNode, RetryState};
+
+    fn template(image: &str) -> NodeTemplate {
+        NodeTemplate {
+            role: "worker".into(),
+            provider: "fake".into(),
+            shape: ProviderShape {
+                image: image.into(),
+                ..ProviderShape::default()
+            },
+            boot: crate::shape::BootParams::default(),
+            swarm_join: crate::shape::SwarmJoinTemplate::default(),
+        }
+    }
+
+    /// The slots `walk_slots` visits, with whether each is desired and
+    /// drifted, must be exactly those `for_each_slot` visits with built specs.
+    #[test]
+    fn walking_slots_without_specs_visits_what_building_specs_visits() {
+        let run = RunId::new("run");
+        let group = |id: &str, count| NodeGroup {
+            id: GroupId::new(id),
+            run_id: run.clone(),
+            count,
+            template: template("img"),
+        };
+        let desired = ClusterShape {
+            run_id: run.clone(),
+            generation: Generation::new(1),
+            groups: vec![group("b", 3), group("d", 2)],
+        }
+        .validate()
+        .unwrap();
+        // Nodes before, inside (with gaps and past the count), between and
+        // after the desired groups; one of them with another template.
+        let mut nodes = BTreeMap::new();
+        let mut attempt = 0;
+        for (g, index, image) in [
+            ("a", 0, "img"),
+            ("b", 1, "img"),
+            ("b", 2, "other"),
+            ("b", 7, "img"),
+            ("c", 0, "img"),
+            ("d", 1, "img"),
+            ("e", 4, "img"),
+        ] {
+            attempt += 1;
+            let id = LogicalNodeId::new(GroupId::new(g), index);
+            let spec = LogicalNodeSpec::new(id.clone(), run.clone(), Arc::new(template(image)));
+            let node = ManagedNode::new(
+                spec,
+                NodeAttemptId::from_raw(attempt),
+                RetryState::default(),
+            );
+            nodes.insert(id, node);
+        }
+        let state = ClusterState {
+            nodes,
+            ..ClusterState::default()
+        };
+        let mut expected = Vec::new();
+        for_each_slot(&state, &desired, |node, spec| {
+            let id = spec.map_or_else(|| node.unwrap().spec.id().clone(), |s| s.id().clone());
+            let drifted = node.map(|n| spec.is_none_or(|s| *s != n.spec));
+            expected.push((id.to_string(), spec.is_some(), drifted));
+        });
+        let mut walked = Vec::new();
+        walk_slots(&state, &desired, |slot| {
+            let (node, desire) = slot.parts();
+            let drifted = node.map(|n| desire.drifted(n));
+            walked.push((slot.id().to_string(), desire.is_desired(), drifted));
+        });
+        assert_eq!(walked, expected);
+        assert_eq!(walked.len(), 9, "{walked:?}");
     }
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::decide::{NodeAction, NodeDecision, Rule, Wake, for_each_slot, reconcile_node};
+use crate::decide::{
+    NodeAction, NodeDecision, Rule, Slot, Wake, decide_slot, reconcile_node, walk_slots,
+};
 use crate::durable::{
     ChangeSet, DURABLE_FORMAT, DurableEntry, DurableMeta, DurableNode, DurableState, RecoveryError,
     RecoveryReport, Shift,
@@ -577,12 +579,20 @@ impl ClusterDriver {
         if u64::try_from(self.state.nodes.len()).ok() != Some(desired_count) {
             return false;
         }
-        self.desired.specs().all(|spec| {
-            self.state
-                .nodes
-                .get(spec.id())
-                .is_some_and(|node| node.spec == spec && node.is_ready() && node.pending.is_none())
-        })
+        let mut converged = true;
+        walk_slots(&self.state, &self.desired, |slot| {
+            converged = converged
+                && match slot {
+                    Slot::Managed { node, desire, .. } => {
+                        desire.is_desired()
+                            && !desire.drifted(node)
+                            && node.is_ready()
+                            && node.pending.is_none()
+                    }
+                    Slot::Missing { .. } => false,
+                };
+        });
+        converged
     }
 
     fn ensure_idle(&self) -> Result<(), DriverError> {
@@ -1093,16 +1103,15 @@ impl ClusterDriver {
         if full {
             // Every slot; waits without a timer are left out because a full
             // pass rebuilds every timer anyway.
-            for_each_slot(&self.state, &self.desired, |node, spec| {
-                let Some(decision) = reconcile_node(node, spec, now) else {
+            walk_slots(&self.state, &self.desired, |slot| {
+                let (node, desire) = slot.parts();
+                let Some(decision) = decide_slot(node, desire, now) else {
                     return;
                 };
                 evaluated += 1;
                 let timer = matches!(decision.wake, Some(Wake::Timer(_)));
                 if decision.action != NodeAction::None || timer {
-                    let id =
-                        node.map_or_else(|| spec.map(LogicalNodeSpec::id), |n| Some(n.spec.id()));
-                    decisions.extend(id.map(|id| (id.clone(), decision)));
+                    decisions.push((slot.id(), decision));
                 }
             });
         } else {

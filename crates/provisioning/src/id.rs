@@ -66,12 +66,54 @@ impl fmt::Display for GroupId {
 ///
 /// Ordering is by group, then by numeric index, so `web-2` sorts before
 /// `web-10` and iteration over a group visits its slots in index order.
-#[derive(
-    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct LogicalNodeId {
     group: GroupId,
     index: u32,
+}
+
+impl LogicalNodeId {
+    /// Whether both ids name the same group. Ids the driver hands out share
+    /// their group's name with the desired state, so a pointer comparison
+    /// usually answers without reading the names.
+    fn same_group(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.group.0, &other.group.0) || self.group.0 == other.group.0
+    }
+}
+
+impl PartialEq for LogicalNodeId {
+    fn eq(&self, other: &Self) -> bool {
+        self.index == other.index && self.same_group(other)
+    }
+}
+
+impl Eq for LogicalNodeId {}
+
+impl std::hash::Hash for LogicalNodeId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.group.hash(state);
+        self.index.hash(state);
+    }
+}
+
+impl PartialOrd for LogicalNodeId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for LogicalNodeId {
+    /// By group name, then by index (what a derived order would give); the
+    /// names are compared only when the two ids do not share one.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.group.0, &other.group.0) {
+            self.index.cmp(&other.index)
+        } else {
+            self.group
+                .cmp(&other.group)
+                .then(self.index.cmp(&other.index))
+        }
+    }
 }
 
 impl LogicalNodeId {

@@ -412,15 +412,25 @@ impl DesiredState {
     }
 
     /// Reuses `previous`'s shared template of every group whose template did
-    /// not change, so that nodes created from it keep comparing by pointer.
+    /// not change, so that nodes created from it keep comparing by pointer,
+    /// and `previous`'s group names, so that node ids of a group keep
+    /// comparing by pointer too.
     pub fn share_templates_with(&mut self, previous: &DesiredState) {
-        for (id, group) in &mut self.groups {
-            if let Some(old) = previous.groups.get(id) {
-                if !Arc::ptr_eq(&old.template, &group.template) && old.template == group.template {
-                    group.template = old.template.clone();
+        let groups = std::mem::take(&mut self.groups);
+        self.groups = groups
+            .into_iter()
+            .map(|(id, mut group)| match previous.groups.get_key_value(&id) {
+                Some((old_id, old)) => {
+                    if !Arc::ptr_eq(&old.template, &group.template)
+                        && old.template == group.template
+                    {
+                        group.template = old.template.clone();
+                    }
+                    (old_id.clone(), group)
                 }
-            }
-        }
+                None => (id, group),
+            })
+            .collect();
     }
 
     /// The groups whose count or template differ between `self` and `other`,
