@@ -62,6 +62,8 @@ pub mod plugin_fake;
 pub mod plugin_substrate;
 pub mod prng;
 pub mod shrink;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 pub mod substrate;
 pub mod trace;
 

@@ -4,9 +4,18 @@
 //! `PluginBackendAdapter`. Faults are real events: `SIGKILL` of node
 //! processes, `SIGSTOP` so that a bootstrap start hangs past its deadline
 //! (`SIGCONT` on release), a missing agent program, failing verify
-//! commands. "No double-create" (G08) and "converged leaks nothing" (G23)
-//! are checked against the processes `/proc` shows, and no process of any
-//! run survives the test, passing or failing.
+//! commands, a create held like a slow provider call. "No double-create"
+//! (G08) and "converged leaks nothing" (G23) are checked against the
+//! processes `/proc` shows, and no process of any run survives the test,
+//! passing or failing.
+//!
+//! Crashes: the agents are processes of their own, so the substrate
+//! survives a controller crash. A `crash` input drops the harness's driver
+//! and executor and recovers them from a real SQLite journal (one file per
+//! run, in a temporary directory); orphans — agents a crashed controller's
+//! slow create started after recovery moved on — are found in `/proc`,
+//! destroyed through the plugin's own `destroy_node` after their grace, and
+//! G26–G28 hold over real processes.
 //!
 //! Reproduce one case with the line a failure prints, for example
 //! `PROVISIONING_SEED=0x… PROVISIONING_MODE=fair cargo test -p
@@ -24,8 +33,10 @@ use std::time::{Duration, Instant};
 use level3::{Defect, Level3, OsFaultCounts, ProcessSubstrate, contract_subject};
 use provisioning_conformance::battery::{ENV_SEED, ENV_TRACE, derive_seeds};
 use provisioning_conformance::contract::run_contract_suite;
+use provisioning_conformance::sqlite::SqliteKitJournal;
 use provisioning_conformance::{
-    Battery, BatteryReport, GuaranteeId, Mode, RunOptions, Trace, cluster_driver, run_trace,
+    Battery, BatteryReport, GuaranteeId, KitJournal, Mode, RunOptions, Trace, cluster_driver,
+    run_trace,
 };
 use provisioning_process::os;
 
@@ -50,7 +61,7 @@ const SCALE_DOWN_TRACE: &str = "run fifo; run fifo; run fifo; stream @0 joined; 
 
 /// Written traces that reach each operating-system fault on purpose; the
 /// generated seeds then mix them at random.
-const WRITTEN_TRACES: [&str; 5] = [
+const WRITTEN_TRACES: [&str; 6] = [
     // A start hangs on a stopped agent past its deadline; the node is then
     // scaled away, so the start is re-issued before any cleanup: it waits
     // behind the hung call and adopts the session once SIGCONT lets the
@@ -78,6 +89,14 @@ const WRITTEN_TRACES: [&str; 5] = [
     "run fifo; run fifo; run fifo; stream @0 joined; stream @1 joined; run fifo; \
      lose @0 agent; run fifo; lose @0 lease; run fifo; tick 1000ms; run fifo; run fifo; \
      run fifo; stream @0 failed stream-error; desire scale a 1; tick 30000ms; tick 2000ms; run fifo",
+    // A create is held (a slow call) when the controller crashes. The
+    // recovered controller scales the node away; its cleanup asks again,
+    // meets a missing agent program (nothing of the attempt exists yet) and
+    // lets the node go. Then the crashed controller's create goes through:
+    // an orphan agent, found by listing and destroyed after its grace.
+    "script create-lease hang; run one 0; crash; tick 1000ms; run fifo; desire scale a 0; \
+     run fifo; tick 1000ms; script create-lease definite; run fifo; run fifo; release; run fifo; \
+     tick 60000ms; run fifo; tick 60000ms; run fifo",
 ];
 
 /// Kills every process of every run of `context` when dropped, so that a
@@ -125,12 +144,41 @@ fn describe_faults(faults: &OsFaultCounts) -> String {
         .join(", ")
 }
 
+/// The kit's SQLite journal in a temporary directory of its own, removed
+/// with it.
+struct TempSqlite {
+    journal: SqliteKitJournal,
+    _dir: tempfile::TempDir,
+}
+
+impl KitJournal for TempSqlite {
+    fn name(&self) -> &str {
+        self.journal.name()
+    }
+
+    fn commit(&mut self, changes: &provisioning::ChangeSet) -> Result<(), String> {
+        self.journal.commit(changes)
+    }
+
+    fn load(&mut self) -> Result<Option<provisioning::DurableState>, String> {
+        self.journal.load()
+    }
+}
+
+fn sqlite_journal() -> Box<dyn KitJournal> {
+    let dir = tempfile::tempdir().expect("level 3 needs a temporary directory");
+    let journal = SqliteKitJournal::open(dir.path())
+        .unwrap_or_else(|error| panic!("the SQLite journal opens: {error}"));
+    Box::new(TempSqlite { journal, _dir: dir })
+}
+
 fn run_battery(context: &Arc<Level3>) -> BatteryReport {
     let factory = {
         let context = context.clone();
         move || ProcessSubstrate::new(context.clone())
     };
     let battery = Battery::new("level 3 (ProcessPlugin, real processes)", factory)
+        .journal(sqlite_journal)
         .seeds(derive_seeds(LEVEL3_SEED_BASE, LEVEL3_SEED_COUNT))
         .traces(written_traces())
         .shrink_budget(LEVEL3_SHRINK_BUDGET)

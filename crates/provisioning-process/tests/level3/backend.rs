@@ -7,6 +7,7 @@
 //! | `definite` | create | the agent program is renamed away for the call: the spawn fails with `ENOENT` (a live node of the key is adopted instead, as it must be) |
 //! | `definite` | any other | every process of the node is killed with `SIGKILL` first; the call then meets a dead node |
 //! | `not-ready` | lookup | the freshly created agent is left stopped before its `exec`, so it has really not announced an endpoint |
+//! | `hang` | create | the call is held before it reaches the plugin until the trace releases it: a slow provider call, which may reach the plugin only after its controller crashed (and so make an orphan) |
 //! | `hang` | bootstrap start | the agent is stopped with `SIGSTOP`: the boot order waits unanswered in the socket, the call hangs past its deadline (the plugin's own handshake wait is the only bound) until `SIGCONT` |
 //! | `ambiguous-*`, `panic` | — | not operating-system events; refused when scripted (Levels 1 and 2 cover them) |
 //!
@@ -25,14 +26,14 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use provisioning::effect::EffectRequest;
 use provisioning::executor::EffectBackend;
 use provisioning::spawn::BoxFuture;
 use provisioning::{
     BootParams, EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeSpec,
-    NodeAttemptId, NodeTemplate, Operation, RunId,
+    NodeAttemptId, NodeTemplate, Operation, OperationId, RunId,
 };
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
@@ -40,7 +41,7 @@ use provisioning_process::{PROVIDER_KIND, ProcessPlugin, os};
 use provisioning_provider::{PluginBackendAdapter, ProvisionPlugin};
 
 use super::os_faults::{self, AgentProgram, GATE_VERIFY_COMMAND, GATES_ENV, Gates, attempt_key};
-use super::shared::Shared;
+use super::shared::{Hang, Shared};
 
 /// The workload every node runs once its boot gate passed.
 pub(crate) const WORKLOAD_COMMAND: &str = "exec sleep 3600";
@@ -50,6 +51,13 @@ const ANNOUNCE_POLL_INTERVAL: Duration = Duration::from_millis(2);
 
 /// The most times a lookup asks before it lets the plugin answer as it is.
 const ANNOUNCE_POLLS_MAX: usize = 2_500;
+
+/// How often a held create looks whether it was released.
+const HOLD_POLL_INTERVAL: Duration = Duration::from_millis(2);
+
+/// The longest a create is held (a safety bound; the trace or the teardown
+/// releases it long before).
+const HOLD_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// How often a call looks whether the plugin reported a node it killed.
 const LOSS_POLL_INTERVAL: Duration = Duration::from_millis(2);
@@ -80,7 +88,7 @@ pub(crate) struct World {
 
 /// The backend the executor runs effects through. See the module docs.
 pub(crate) struct ProcessBackend {
-    adapter: PluginBackendAdapter,
+    adapter: Arc<PluginBackendAdapter>,
     plugin: Arc<ProcessPlugin>,
     /// Calls as they start, for G04 and G05.
     pub(crate) calls: CallRecorder,
@@ -99,9 +107,29 @@ struct HangRelease<'a> {
 
 impl Drop for HangRelease<'_> {
     fn drop(&mut self) {
-        if let Some(hang) = self.backend.shared.end_hang(self.serial) {
-            os_faults::continue_agent(&self.backend.world.run, &hang.key, hang.pid);
+        if let Some(Hang {
+            key,
+            pid: Some(pid),
+            ..
+        }) = self.backend.shared.end_hang(self.serial)
+        {
+            os_faults::continue_agent(&self.backend.world.run, &key, pid);
         }
+    }
+}
+
+/// Ends a held create's hang and its busy mark when its task ends.
+struct HeldCreate {
+    shared: Arc<Shared>,
+    serial: u64,
+    op: OperationId,
+}
+
+impl Drop for HeldCreate {
+    fn drop(&mut self) {
+        self.shared.end_hang(self.serial);
+        self.shared.lock().unmark_busy(self.op);
+        self.shared.notify();
     }
 }
 
@@ -115,7 +143,7 @@ impl ProcessBackend {
         defect: Option<Defect>,
     ) -> Self {
         ProcessBackend {
-            adapter,
+            adapter: Arc::new(adapter),
             plugin,
             calls: CallRecorder::new(),
             shared,
@@ -158,7 +186,19 @@ impl ProcessBackend {
 
     /// The operation as the process plugin sees it (see the module docs).
     fn translate(&self, operation: &Operation) -> Operation {
-        let template = operation.spec.template();
+        Operation {
+            id: operation.id,
+            run_id: self.world.run.clone(),
+            node: operation.node.clone(),
+            spec: self.real_spec(&operation.spec),
+            request: operation.request.clone(),
+        }
+    }
+
+    /// A kit spec as the process plugin sees it: the substrate's run, the
+    /// `process` provider, the gated verify command and the workload.
+    pub(crate) fn real_spec(&self, spec: &LogicalNodeSpec) -> LogicalNodeSpec {
+        let template = spec.template();
         let boot = BootParams {
             user: String::new(),
             verify_commands: vec![GATE_VERIFY_COMMAND.to_owned()],
@@ -176,17 +216,7 @@ impl ProcessBackend {
             boot,
             swarm_join: template.swarm_join.clone(),
         };
-        Operation {
-            id: operation.id,
-            run_id: self.world.run.clone(),
-            node: operation.node.clone(),
-            spec: LogicalNodeSpec::new(
-                operation.node.clone(),
-                self.world.run.clone(),
-                Arc::new(real),
-            ),
-            request: operation.request.clone(),
-        }
+        LogicalNodeSpec::new(spec.id().clone(), self.world.run.clone(), Arc::new(real))
     }
 
     async fn run(&self, operation: &Operation) -> Result<EffectOutput, EffectError> {
@@ -208,6 +238,7 @@ impl ProcessBackend {
             (EffectRequest::CreateLease, Some(Fault::Definite)) => {
                 self.create_without_program(&real).await
             }
+            (EffectRequest::CreateLease, Some(Fault::Hang)) => self.create_held(&real, &key).await,
             (EffectRequest::CreateLease, _) => self.create(&real, &key).await,
             (EffectRequest::LookupEndpoint { .. }, Some(Fault::NotReady)) => {
                 self.lookup_while_held(&real).await
@@ -237,6 +268,45 @@ impl ProcessBackend {
         };
         if outcome.as_ref().is_err_and(|e| !e.is_ambiguous()) {
             self.shared.count(|os| os.spawn_failures += 1);
+        }
+        outcome
+    }
+
+    /// A create held before it reaches the plugin until the trace releases
+    /// it (or, as a safety bound, [`HOLD_WAIT_MAX`] passes): a slow provider
+    /// call. The call runs as a task of the substrate's runtime, so it goes
+    /// on even when the controller that made it crashed and its executor was
+    /// dropped — and then may reach the plugin after recovery moved on, and
+    /// make an orphan, as a slow cloud call would.
+    async fn create_held(
+        &self,
+        real: &Operation,
+        key: &ResourceKey,
+    ) -> Result<EffectOutput, EffectError> {
+        let serial = self.shared.hang(key.clone(), real.id, None);
+        let adapter = self.adapter.clone();
+        let shared = self.shared.clone();
+        let operation = real.clone();
+        let call = tokio::spawn(async move {
+            let _held = HeldCreate {
+                shared: shared.clone(),
+                serial,
+                op: operation.id,
+            };
+            let deadline = Instant::now() + HOLD_WAIT_MAX;
+            while !shared.released(serial) && Instant::now() < deadline {
+                tokio::time::sleep(HOLD_POLL_INTERVAL).await;
+            }
+            shared.lock().mark_busy(operation.id);
+            adapter.execute(&operation).await
+        });
+        let outcome = call.await.unwrap_or_else(|error| {
+            Err(EffectError::ambiguous(format!(
+                "the held create's task ended without an answer: {error}"
+            )))
+        });
+        if let Ok(EffectOutput::LeaseCreated { adopted: false, .. }) = &outcome {
+            self.check_single_agent(key);
         }
         outcome
     }
@@ -331,7 +401,7 @@ impl ProcessBackend {
             // No running agent to stop: the call meets whatever is there.
             return self.adapter.execute(real).await;
         };
-        let serial = self.shared.hang(key.clone(), real.id, pid);
+        let serial = self.shared.hang(key.clone(), real.id, Some(pid));
         let _release = HangRelease {
             backend: self,
             serial,

@@ -30,7 +30,9 @@ pub(crate) fn producible(kind: EffectKind, fault: Fault) -> bool {
     match fault {
         Fault::Succeed | Fault::Definite => true,
         Fault::NotReady => kind == EffectKind::LookupEndpoint,
-        Fault::Hang => kind == EffectKind::StartBootstrap,
+        // A start hangs on a stopped agent; a create is held before it
+        // reaches the plugin, as a slow provider API would hold it.
+        Fault::Hang => matches!(kind, EffectKind::StartBootstrap | EffectKind::CreateLease),
         // A lost reply or a panic is no event of the operating system: the
         // in-memory levels cover them.
         Fault::AmbiguousDone | Fault::AmbiguousUndone | Fault::Panic => false,
@@ -98,15 +100,16 @@ enum CallPhase {
     Hung,
 }
 
-/// A call hung by stopping its node's agent.
+/// A hung call: a start whose node's agent is stopped, or a create held
+/// before it reaches the plugin.
 #[derive(Clone, Debug)]
 pub(crate) struct Hang {
     /// The node.
     pub(crate) key: ResourceKey,
     /// The hung call.
     pub(crate) op: OperationId,
-    /// The stopped agent.
-    pub(crate) pid: i32,
+    /// The stopped agent (`None`: a held create).
+    pub(crate) pid: Option<i32>,
     /// Whether `SIGCONT` was sent.
     pub(crate) released: bool,
 }
@@ -130,6 +133,8 @@ pub(crate) struct OsFaultCounts {
     pub(crate) not_ready_answers: u64,
     /// Boot gates opened with a passing verdict.
     pub(crate) gates_passed: u64,
+    /// Creates held before they reached the plugin (a slow provider call).
+    pub(crate) creates_held: u64,
 }
 
 impl OsFaultCounts {
@@ -143,10 +148,11 @@ impl OsFaultCounts {
         self.start_failures += other.start_failures;
         self.not_ready_answers += other.not_ready_answers;
         self.gates_passed += other.gates_passed;
+        self.creates_held += other.creates_held;
     }
 
     /// The counts that must not stay at zero over a battery, by name.
-    pub(crate) fn required(&self) -> [(&'static str, u64); 7] {
+    pub(crate) fn required(&self) -> [(&'static str, u64); 8] {
         [
             ("SIGKILL of node processes", self.nodes_killed),
             ("SIGSTOP hang", self.agents_stopped),
@@ -155,6 +161,7 @@ impl OsFaultCounts {
             ("failing verify command", self.verify_failures),
             ("held agent not ready", self.not_ready_answers),
             ("boot gate passed", self.gates_passed),
+            ("held create", self.creates_held),
         ]
     }
 }
@@ -231,6 +238,16 @@ impl State {
             .count()
     }
 
+    /// Marks `op` busy (a held create's task doing its call).
+    pub(crate) fn mark_busy(&mut self, op: OperationId) {
+        self.calls.insert(op, CallPhase::Busy);
+    }
+
+    /// Forgets `op`'s mark (its task ended).
+    pub(crate) fn unmark_busy(&mut self, op: OperationId) {
+        self.calls.remove(&op);
+    }
+
     /// Backend calls hung on a stopped agent.
     pub(crate) fn hung_calls(&self) -> usize {
         self.calls.len() - self.busy_calls()
@@ -249,7 +266,9 @@ impl State {
         if let Some(phase) = self.calls.get_mut(&hang.op) {
             *phase = CallPhase::Busy;
         }
-        self.os.agents_continued += 1;
+        if hang.pid.is_some() {
+            self.os.agents_continued += 1;
+        }
         Some(hang)
     }
 }
@@ -325,14 +344,20 @@ impl Shared {
         Some(fault)
     }
 
+    /// Wakes every waiter to look at the state again.
+    pub(crate) fn notify(&self) {
+        self.changed.notify_all();
+    }
+
     /// Registers a call as in flight (busy) until the guard drops.
     pub(crate) fn call_started(&self, op: OperationId) -> InFlight<'_> {
         self.lock().calls.insert(op, CallPhase::Busy);
         InFlight { shared: self, op }
     }
 
-    /// Records that `op` hangs on the stopped agent `pid`. Returns the hang's serial.
-    pub(crate) fn hang(&self, key: ResourceKey, op: OperationId, pid: i32) -> u64 {
+    /// Records that `op` hangs on the stopped agent `pid` (`None`: a create
+    /// held before the plugin). Returns the hang's serial.
+    pub(crate) fn hang(&self, key: ResourceKey, op: OperationId, pid: Option<i32>) -> u64 {
         let mut state = self.lock();
         let serial = state.next_hang;
         state.next_hang += 1;
@@ -347,8 +372,20 @@ impl Shared {
         );
         state.calls.insert(op, CallPhase::Hung);
         state.counters.hangs += 1;
-        state.os.agents_stopped += 1;
+        if pid.is_some() {
+            state.os.agents_stopped += 1;
+        } else {
+            state.os.creates_held += 1;
+        }
         serial
+    }
+
+    /// Whether hang `serial` was released (or has ended).
+    pub(crate) fn released(&self, serial: u64) -> bool {
+        self.lock()
+            .hangs
+            .get(&serial)
+            .is_none_or(|hang| hang.released)
     }
 
     /// Forgets hang `serial` (its call ended). Returns it when it was never
@@ -359,7 +396,9 @@ impl Shared {
         if hang.released {
             return None;
         }
-        state.os.agents_continued += 1;
+        if hang.pid.is_some() {
+            state.os.agents_continued += 1;
+        }
         Some(hang)
     }
 

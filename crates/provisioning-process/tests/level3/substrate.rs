@@ -68,6 +68,9 @@ const SESSION_OUTCOME_WAIT_MAX: Duration = Duration::from_secs(5);
 /// How long a killed node may take to be reported lost.
 const LOSS_WAIT_MAX: Duration = Duration::from_secs(5);
 
+/// How long one orphan's destroy may take.
+const ORPHAN_DESTROY_WAIT_MAX: Duration = Duration::from_secs(10);
+
 /// How long teardown waits for the plugin's shutdown.
 const SHUTDOWN_WAIT_MAX: Duration = Duration::from_secs(20);
 
@@ -233,7 +236,9 @@ impl ProcessSubstrate {
         let Some(hang) = self.shared.lock().release_hang(serial) else {
             return false;
         };
-        os_faults::continue_agent(&self.world.run, &hang.key, hang.pid);
+        if let Some(pid) = hang.pid {
+            os_faults::continue_agent(&self.world.run, &hang.key, pid);
+        }
         true
     }
 
@@ -480,6 +485,51 @@ impl Substrate for ProcessSubstrate {
 
     fn take_ledger_alarms(&mut self) -> Vec<String> {
         self.shared.take_alarms()
+    }
+
+    /// The agents are processes of their own: a crash of the controller (the
+    /// harness's driver and executor) leaves them, and the plugin that
+    /// watches them, running.
+    fn survives_controller_crash(&self) -> bool {
+        true
+    }
+
+    /// Destroys an orphan the way the durable host does: the plugin lists
+    /// the run, and the listed lease of `key` is destroyed through the real
+    /// `destroy_node`. Whether anything was live comes from `/proc`.
+    fn destroy_orphan(&mut self, key: &ResourceKey) -> bool {
+        if os_faults::node_processes(&self.world.run, key).is_empty() {
+            return false;
+        }
+        let Some(runtime) = &self.runtime else {
+            return false;
+        };
+        let plugin = self.plugin.clone();
+        let attempt = os_faults::attempt_key(&self.world.run, key);
+        let run = self.world.run.clone();
+        let destroyed = runtime.block_on(async move {
+            let listed = plugin.list_nodes(&run).await.ok()?;
+            let lease = listed.into_iter().find(|l| l.key == attempt)?.lease;
+            tokio::time::timeout(
+                ORPHAN_DESTROY_WAIT_MAX,
+                plugin.destroy_node(&attempt, &lease),
+            )
+            .await
+            .ok()?
+            .ok()
+        });
+        if destroyed.is_none() {
+            return false;
+        }
+        // The destroy waits for the agent's process group; what it missed
+        // stays in `/proc`, where G23 and the teardown find it.
+        let deadline = Instant::now() + LOSS_WAIT_MAX;
+        while !os_faults::node_processes(&self.world.run, key).is_empty()
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(WORK_POLL_INTERVAL);
+        }
+        true
     }
 
     fn lease_owner(&self, lease: &LeaseHandle) -> Option<ResourceKey> {
