@@ -27,7 +27,8 @@ use crate::id::{AttemptAllocator, GroupId};
 use crate::id::{Generation, IdError, LogicalNodeId, NodeAttemptId, OperationId, RunId};
 use crate::limits::{BreakerStatus, LimitCounters, Limits};
 use crate::observe::{
-    BootstrapRejection, FoldContext, Observation, fold_bootstrap, fold_loss, fold_operation,
+    BootstrapRejection, FoldContext, FoldableCondition, Observation, fold_bootstrap, fold_loss,
+    fold_operation, observation_fold_may_fail, operation_fold_may_fail,
 };
 use crate::policy::RetryPolicy;
 use crate::shape::{ClusterShape, DesiredState, LogicalNodeSpec, ShapeError};
@@ -629,17 +630,6 @@ impl ClusterDriver {
         }
     }
 
-    fn fold_context(&self, node: &ManagedNode, now: Timestamp) -> FoldContext<'_> {
-        FoldContext {
-            policy: &self.policy,
-            now,
-            spec_is_desired: self
-                .desired
-                .spec(node.spec.id())
-                .is_some_and(|spec| spec == node.spec),
-        }
-    }
-
     /// Looks up the node a fact is about and checks the attempt.
     fn node_for_fact(
         &self,
@@ -753,8 +743,9 @@ impl ClusterDriver {
         Ok(())
     }
 
-    /// Folds the outcome of the node's pending operation into a copy of the
-    /// node and commits it, so that an error leaves the node untouched.
+    /// Folds the outcome of the node's pending operation. A fold that may
+    /// fail works on a copy of the node that replaces it only on success, so
+    /// an error leaves the node untouched; any other is applied in place.
     fn fold_pending(
         &mut self,
         node_id: &LogicalNodeId,
@@ -762,27 +753,34 @@ impl ClusterDriver {
         outcome: Result<&crate::effect::EffectOutput, &EffectError>,
         now: Timestamp,
     ) -> Result<(), ClockSaturated> {
-        let Some(node) = self.state.nodes.get(node_id) else {
+        let Some(node) = self.state.nodes.get_mut(node_id) else {
             return Ok(());
         };
-        let mut next = node.clone();
-        fold_operation(
-            &mut next,
-            pending.id,
-            pending.kind,
-            outcome,
-            &self.fold_context(node, now),
-        )?;
+        let ctx = FoldContext {
+            policy: &self.policy,
+            now,
+            spec_is_desired: self.desired.is_desired_spec(&node.spec),
+        };
+        let before = (node.record.stage == NodeStage::Failed, node.is_ready());
+        if operation_fold_may_fail(pending.kind, outcome) {
+            let mut next = node.clone();
+            fold_operation(&mut next, pending.id, pending.kind, outcome, &ctx)?;
+            *node = next;
+        } else {
+            let folded = fold_operation(node, pending.id, pending.kind, outcome, &ctx);
+            debug_assert!(folded.is_ok(), "a fold that cannot fail failed");
+            folded?;
+        }
+        let created =
+            (pending.kind == EffectKind::CreateLease).then(|| node.spec.shared_template().clone());
         self.schedule
             .deadlines
             .remove(&(pending.deadline, node_id.clone()));
-        let before = (node.record.stage == NodeStage::Failed, node.is_ready());
-        if pending.kind == EffectKind::CreateLease {
-            self.create_finished(&next.spec.template().provider);
+        if let Some(template) = created {
+            self.create_finished(&template.provider);
         }
-        self.limit_events(node_id, before, &next, now);
-        self.note_history(node_id, &next, now);
-        self.state.nodes.insert(node_id.clone(), next);
+        self.limit_events(node_id, before, now);
+        self.note_history_of(node_id, now);
         self.touch(node_id);
         Ok(())
     }
@@ -810,11 +808,19 @@ impl ClusterDriver {
         &mut self,
         id: &LogicalNodeId,
         (was_failed, was_ready): (bool, bool),
-        after: &ManagedNode,
         now: Timestamp,
     ) {
+        let Some(after) = self.state.nodes.get(id) else {
+            return;
+        };
+        let failed = !was_failed && after.record.stage == NodeStage::Failed;
+        let became_ready = !was_ready && after.is_ready();
+        if !failed && !became_ready {
+            return;
+        }
+        let last_error = after.retry.last_error.clone();
         let group = id.group();
-        if !was_failed && after.record.stage == NodeStage::Failed {
+        if failed {
             let policy = self.limits.breakers.get(group).copied();
             let breaker = self.limit_state.breakers.entry(group.clone()).or_default();
             if policy.is_some_and(|p| breaker.recovered(&p, now)) {
@@ -824,7 +830,7 @@ impl ClusterDriver {
             }
             breaker.recovered_at = None;
             breaker.consecutive_failures = breaker.consecutive_failures.saturating_add(1);
-            breaker.last_error.clone_from(&after.retry.last_error);
+            breaker.last_error = last_error;
             let trips = policy.is_some_and(|p| breaker.consecutive_failures >= p.failures);
             if trips && (!breaker.is_open() || breaker.probing) {
                 breaker.opened_at = Some(now);
@@ -832,7 +838,7 @@ impl ClusterDriver {
                 self.limit_state.counters.breakers_opened += 1;
             }
         }
-        if !was_ready && after.is_ready() {
+        if became_ready {
             let stable_after = self
                 .limits
                 .breakers
@@ -1065,23 +1071,43 @@ impl ClusterDriver {
     ) -> Result<(), DriverError> {
         self.ensure_idle()?;
         let node_id = observation.node();
-        let node = self.node_for_fact(node_id, observation.attempt())?;
-        let mut next = node.clone();
-        let ctx = self.fold_context(node, now);
-        match observation {
-            Observation::Bootstrap { event, .. } => {
-                fold_bootstrap(&mut next, event, &ctx)?.map_err(|reason| Rejection::Bootstrap {
-                    node: node_id.clone(),
-                    reason,
-                })?;
+        self.node_for_fact(node_id, observation.attempt())?;
+        let Some(node) = self.state.nodes.get_mut(node_id) else {
+            return Err(Rejection::UnknownNode(node_id.clone()).into());
+        };
+        let ctx = FoldContext {
+            policy: &self.policy,
+            now,
+            spec_is_desired: self.desired.is_desired_spec(&node.spec),
+        };
+        let fold = |node: &mut ManagedNode| -> Result<(), DriverError> {
+            match observation {
+                Observation::Bootstrap { event, .. } => {
+                    fold_bootstrap(node, event, &ctx)?.map_err(|reason| Rejection::Bootstrap {
+                        node: node_id.clone(),
+                        reason,
+                    })?;
+                }
+                Observation::NodeLost { cause, .. } => fold_loss(node, *cause, &ctx)?,
             }
-            Observation::NodeLost { cause, .. } => fold_loss(&mut next, *cause, &ctx)?,
-        }
-        if next != *node {
-            let before = (node.record.stage == NodeStage::Failed, node.is_ready());
-            self.limit_events(node_id, before, &next, now);
-            self.note_history(node_id, &next, now);
-            self.state.nodes.insert(node_id.clone(), next);
+            Ok(())
+        };
+        let before = (node.record.stage == NodeStage::Failed, node.is_ready());
+        let changed = if observation_fold_may_fail(node, observation) {
+            let mut next = node.clone();
+            fold(&mut next)?;
+            let changed = next != *node;
+            *node = next;
+            changed
+        } else {
+            // Cannot fail, and rejects before it changes anything.
+            let condition = FoldableCondition::of(node);
+            fold(node)?;
+            FoldableCondition::of(node) != condition
+        };
+        if changed {
+            self.limit_events(node_id, before, now);
+            self.note_history_of(node_id, now);
             self.touch(node_id);
         }
         Ok(())
@@ -1339,10 +1365,24 @@ impl ClusterDriver {
         if self.history_depth == 0 {
             return;
         }
-        let reason = (node.record.stage == NodeStage::Failed)
-            .then(|| node.record.failure.as_ref().map(|f| f.reason.clone()))
-            .flatten();
-        let entry = Transition::of(node, now, reason);
+        let entry = history_entry(node, now);
+        let depth = self.history_depth;
+        self.history
+            .entry(id.clone())
+            .or_default()
+            .note(entry, depth);
+    }
+
+    /// Notes the condition of the managed node `id` in its history (when
+    /// history is on).
+    fn note_history_of(&mut self, id: &LogicalNodeId, now: Timestamp) {
+        if self.history_depth == 0 {
+            return;
+        }
+        let Some(node) = self.state.nodes.get(id) else {
+            return;
+        };
+        let entry = history_entry(node, now);
         let depth = self.history_depth;
         self.history
             .entry(id.clone())
@@ -1695,6 +1735,15 @@ impl ClusterDriver {
         report.budget_exhausted = self.is_queued();
         Ok(report)
     }
+}
+
+/// A history entry of `node`'s condition at `now`; a failed node's entry
+/// carries the failure's reason.
+fn history_entry(node: &ManagedNode, now: Timestamp) -> Transition {
+    let reason = (node.record.stage == NodeStage::Failed)
+        .then(|| node.record.failure.as_ref().map(|f| f.reason.clone()))
+        .flatten();
+    Transition::of(node, now, reason)
 }
 
 fn durable_entry(node: &ManagedNode) -> DurableEntry {

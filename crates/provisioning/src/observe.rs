@@ -120,6 +120,75 @@ impl FoldContext<'_> {
     }
 }
 
+/// Whether folding `outcome` of a `kind` operation may fail. A fold fails
+/// only when a deadline it computes does not fit the clock, and only a
+/// failure or a not-yet-ready endpoint computes one; every other fold may be
+/// applied to the node in place, without a copy to fall back on.
+pub(crate) fn operation_fold_may_fail(
+    kind: EffectKind,
+    outcome: Result<&EffectOutput, &EffectError>,
+) -> bool {
+    !matches!(
+        outcome,
+        Ok(output) if output.kind() == kind
+            && !matches!(output, EffectOutput::Endpoint(EndpointLookup::NotReady))
+    )
+}
+
+/// Whether folding `observation` into `node` may fail (see
+/// [`operation_fold_may_fail`]): a loss, a failure, or a close before the
+/// join fail the attempt, which computes its restart deadline.
+pub(crate) fn observation_fold_may_fail(node: &ManagedNode, observation: &Observation) -> bool {
+    match observation {
+        Observation::Bootstrap { event, .. } => match event {
+            BootstrapEvent::Progress(_) | BootstrapEvent::Joined | BootstrapEvent::Converged => {
+                false
+            }
+            BootstrapEvent::Closed => node.record.swarm.is_none(),
+            BootstrapEvent::Failed { .. } => true,
+        },
+        Observation::NodeLost { .. } => true,
+    }
+}
+
+/// Everything a fold that cannot fail may change in a node (see
+/// [`observation_fold_may_fail`]): comparing it before and after tells
+/// whether such a fold changed the node, without a copy of the node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FoldableCondition {
+    stage: NodeStage,
+    ready: bool,
+    bootstrap: Option<(SessionState, BootstrapStage, bool, bool)>,
+    joined_at: Option<Timestamp>,
+    handed_off_at: Option<Timestamp>,
+    ambiguous: Option<(OperationId, EffectKind)>,
+    next_effect_at: Option<Timestamp>,
+    consecutive_failures: u32,
+}
+
+impl FoldableCondition {
+    pub(crate) fn of(node: &ManagedNode) -> Self {
+        let record = &node.record;
+        FoldableCondition {
+            stage: record.stage,
+            ready: record.ready,
+            bootstrap: record.bootstrap.as_ref().map(|b| {
+                (
+                    b.state,
+                    b.stage,
+                    b.session.is_some(),
+                    b.convergence_observed,
+                )
+            }),
+            joined_at: record.swarm.as_ref().map(|s| s.joined_at),
+            handed_off_at: record.handed_off_at,
+            ambiguous: node.retry.ambiguous.as_ref().map(|a| (a.op, a.kind)),
+            next_effect_at: node.retry.next_effect_at,
+            consecutive_failures: node.retry.consecutive_failures,
+        }
+    }
+}
+
 /// Folds the outcome of the node's pending operation `op` of kind `kind`.
 /// The caller checked that `op` is pending; this clears it.
 pub(crate) fn fold_operation(

@@ -411,6 +411,18 @@ impl DesiredState {
         })
     }
 
+    /// Whether `spec` is the desired spec of its slot (what comparing it with
+    /// [`DesiredState::spec`] answers, without building that spec).
+    pub(crate) fn is_desired_spec(&self, spec: &LogicalNodeSpec) -> bool {
+        let Some(group) = self.groups.get(spec.id().group()) else {
+            return false;
+        };
+        spec.id().index() < group.count
+            && *spec.run_id() == self.shape.run_id
+            && (Arc::ptr_eq(&group.template, spec.shared_template())
+                || *group.template == *spec.template())
+    }
+
     /// Reuses `previous`'s shared template of every group whose template did
     /// not change, so that nodes created from it keep comparing by pointer,
     /// and `previous`'s group names, so that node ids of a group keep
