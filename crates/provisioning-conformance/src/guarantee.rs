@@ -9,7 +9,7 @@
 //!
 //! | Id | Evaluation |
 //! |---|---|
-//! | G01 | After every input: attempts unique across nodes and below the allocator. After every pass batch: an attempt that appears is above every attempt seen before in the run (so none is reused). |
+//! | G01 | After every input: attempts unique across nodes and below the allocator. After every pass batch: an attempt that appears is above every attempt seen before in the run (so none is reused), and no attempt goes back to `New` in a pass (a restart that kept its id). Against every attempt id the kit has seen in the run: none is seen at a second slot, none that was destroyed, replaced or reaped is in use again. |
 //! | G02 | After every input: each pending operation carries its node's attempt. Every delivery of a result that is not the node's pending operation — late results, redeliveries of old ones, results of superseded attempts, a timeout reported a second time — must be rejected and leave the state equal. A result of the pending operation must be accepted. |
 //! | G03 | After every input: lease, endpoint, bootstrap and swarm facts are tagged with the node's attempt, and the lease and session handles are ones the substrate issued for that same `(slot, attempt)` (when the substrate knows its handles). Observations of another attempt must be rejected and change nothing. |
 //! | G04 | At every backend call start: on a deterministic substrate the operation is pending in observed state, or the host already folded its timeout (a call queued before its expiry may still start); otherwise (approximation) it was recorded pending at some point. |
@@ -17,15 +17,15 @@
 //! | G06 | After every input: a destroyed node holds no lease, no active session, no pending operation. |
 //! | G07 | At every fold: lease facts disappear only on a successful destroy, an active session only on a successful cancel or a `Closed` event; so a failed cleanup step keeps them. After every pass batch: an attempt is replaced or reaped only when it holds no lease, session or pending operation. |
 //! | G08 | After every input and every batch of work: at most one live lease and session per key, live resources of at most one attempt per slot — from the substrate's ledger, plus alarms a substrate raises the moment a second resource appears. |
-//! | G09 | At every dispatch: not before the stored `next_effect_at` as it was before the pass (the ladder's `BeginDelete` clearing excepted); a restart not before `restart_at`. At every fold: a newly stored delay equals the policy (`backoff(failures, attempt)`, or the probe interval); an observation never shortens a deleting node's stored backoff. Passes never move stored times except where the ladder says so. |
-//! | G10 | After the pass batch that follows an attempt failure: the node is deleting and has a cleanup step in flight, or is destroyed, or waits only to re-issue an ambiguous operation. The restart delay is checked under G09. |
+//! | G09 | At every dispatch: not before the stored `next_effect_at` as it was before the pass (the ladder's `BeginDelete` clearing excepted); a restart not before `restart_at`. At every fold: a newly stored delay equals the policy applied to the kit's own count of the slot's consecutive failures (`backoff(kit_count, attempt)`, or the probe interval; the kit counts failed or wrongly answered operations and observations that fail the attempt, carries the count into a replacement, resets it on ready, and takes the recovered counts after a crash), and the driver's count equals the kit's (also after every pass); an observation never shortens a deleting node's stored backoff. Passes never move stored times except where the ladder says so. |
+//! | G10 | After the pass batch that follows an attempt failure: the node is deleting and has a cleanup step in flight, or is destroyed, or waits only to re-issue an ambiguous operation. After every pass batch, any deleting node that is not destroyed has a cleanup step (or an adoption re-issue) in flight, unless it waits on a backoff it already waited on while deleting (a failed cleanup step's) or one kept for a remembered ambiguous operation. The restart delay is checked under G09. |
 //! | G11 | At every fold of "endpoint not ready": the failure count is unchanged and the delay is the probe interval. |
 //! | G12 | While an ambiguous create/start is remembered: no cancel or destroy is dispatched, the node is not marked destroyed, replaced or reaped; a pass never forgets it; a fold forgets it only when an operation of its kind answers. |
 //! | G13 | Every step runs under `catch_unwind`: a panic escaping the driver, executor or backend is a violation (backend panics must come back as definite errors). Driver errors other than attempt exhaustion and clock saturation are violations. Seeds with an attempt limit or a clock near its end reach those edges. |
 //! | G14 | After every input: a ready node is active, in a ready stage, with lease, endpoint, swarm join and handoff facts, and (when no pass is queued) holds the desired spec; a deleting node is not ready. |
 //! | G15 | After every input: an active session implies a lease and a stage past the endpoint; a bootstrap stage implies bootstrap facts. (The core's types already make "active session without facts" unrepresentable, so the check covers the facts around it.) |
 //! | G16 | After every input: observed generation never decreases nor passes the desired one. Every valid shape at a strictly higher generation is accepted; revision probes (a lower generation, the same shape, changed content under the same generation) are rejected or no-ops and change nothing. |
-//! | G17 | After every pass batch: a node begins deletion only when its slot is undesired, its spec drifted, or it failed; only undesired slots are reaped. After every input: no active node sits in an undesired slot. Desired slots are `index < count`, so a shrinking group loses exactly its highest indices. |
+//! | G17 | After every pass batch: a node begins deletion only when its slot is undesired, its spec drifted, or it failed; only undesired slots are reaped. After every input: no active node sits in an undesired slot. Desired slots are `index < count` of the kit's own model of the last shape it submitted (never the driver's `DesiredState`), so a shrinking group loses exactly its highest indices. |
 //! | G18 | Deterministic substrates: the evaluation runs the trace twice and compares every backend call, the final state, the live resources and the outcome. |
 //! | G19 | A forced full pass every few inputs, at the end and at convergence must dispatch nothing, change nothing and keep `requeue_at`; a converged cluster has no `requeue_at`; settling after an input must finish within a bound (a livelock is a violation). |
 //! | G20 | Deterministic substrates, fair mode: the run is repeated with the tail completing queued work newest-first; both must converge to the same per-slot spec, stage, readiness and intent. (Approximation: attempt ids and timestamps legitimately depend on order and are not compared.) |
@@ -33,10 +33,11 @@
 //! | G22 | Fair mode: attempts allocated during the tail stay within `2 × desired nodes + 2`. |
 //! | G23 | Fair mode, at convergence: the live leases are exactly the managed nodes' current attempts (one each) and no session of another attempt is live. After an empty shape that is nothing. |
 //! | G24 | Fair mode, at convergence: the driver's desired shape is the last one the harness submitted, and the observed generation is its generation. Intermediate generations are skipped whenever shapes change faster than the cluster converges. |
-//! | G25 | At every dispatch: deadline = dispatch time + operation timeout. The host wakes exactly at each stored deadline; one millisecond before, the operation is not listed due and its timeout is refused without change; at the deadline it is listed due and accepted; nothing past its deadline is missing from the due list. |
+//! | G25 | At every dispatch: deadline = dispatch time + operation timeout, in plain milliseconds (the kit never uses the core's `Timestamp` comparisons). The host wakes exactly at each stored deadline; one millisecond before, the operation is not listed due and its timeout is refused without change; at the deadline it is listed due and accepted; nothing past its deadline is missing from the due list. |
 //! | G26 | Across every [`Input::Crash`](crate::trace::Input::Crash) and recovery: the journal gives back what was committed (recovery fails otherwise); every operation the journal held pending is no longer pending after recovery, and a pending create or bootstrap start is remembered as ambiguous (so it is re-issued and adopted); an attempt that appears after a crash is above every attempt seen before it (never reused). After a crash, a G01 reuse is reported as G26. G08, G21 and G23 keep being checked across crashes under their own ids — except that a resource a dead controller's call created after the crash is an orphan (left to G28), not a double-create — and the fair tail converges only once no orphan is left. |
 //! | G27 | At every backend call start (the harness host's executor runs over a wrapper of the substrate's backend): the operation was committed to the journal as pending by some commit before the call started. Calls a dead controller's executor still had queued never reach the backend. |
 //! | G28 | The harness host lists the substrate's live resources after every recovery and every `orphan_scan_interval` of virtual time, and destroys a resource no node's current attempt owns (not in the map, another attempt, or a destroyed node) once it was seen unowned for `orphan_grace`. The oracle samples the live resources after every input and tail round: once faults stop (the fair tail), a resource it saw unowned must be gone within `orphan_grace` + one scan interval; a resource a current attempt owns is never destroyed as an orphan. |
+//! | G32 | After every input, every fold and every pass batch: each node's stage agrees with its facts (the table at `oracle::g32_stage_agrees_with_facts`: `New` holds no lease and no pending create, `LeaseCreated` a lease and no endpoint, `EndpointKnown` no active session, `BootstrapRunning` an active session, `Failed` a failure, `Destroyed` nothing). A deleting node's "holds" are not required (cleanup gives facts back before the pass that marks it destroyed). |
 
 use std::fmt;
 
@@ -125,11 +126,15 @@ pub enum GuaranteeId {
     /// G30: an open breaker never blocks convergence forever once faults
     /// stop.
     BreakerLiveness,
+    /// G32: a node's stage agrees with its facts — no stage claims a lease,
+    /// endpoint, session, join or failure the record does not hold, and
+    /// none hides one it does.
+    StageCoherence,
 }
 
 impl GuaranteeId {
     /// Every guarantee, in id order.
-    pub const ALL: [GuaranteeId; 30] = [
+    pub const ALL: [GuaranteeId; 31] = [
         GuaranteeId::Identity,
         GuaranteeId::Correlation,
         GuaranteeId::AttemptFactOwnership,
@@ -160,16 +165,22 @@ impl GuaranteeId {
         GuaranteeId::OrphansCollected,
         GuaranteeId::BudgetsHold,
         GuaranteeId::BreakerLiveness,
+        GuaranteeId::StageCoherence,
     ];
 
-    /// The stable id, `G01`…`G30`.
+    /// The stable id (`G01`…`G30`, `G32`). Ids are the specification's, not
+    /// positions: G31 (exhaustive exploration) is checked by the explorer
+    /// and may have no variant here.
     pub fn id(self) -> &'static str {
         const IDS: [&str; 30] = [
             "G01", "G02", "G03", "G04", "G05", "G06", "G07", "G08", "G09", "G10", "G11", "G12",
             "G13", "G14", "G15", "G16", "G17", "G18", "G19", "G20", "G21", "G22", "G23", "G24",
             "G25", "G26", "G27", "G28", "G29", "G30",
         ];
-        IDS[self as usize]
+        match self {
+            GuaranteeId::StageCoherence => "G32",
+            other => IDS[other as usize],
+        }
     }
 
     /// A short name.
@@ -205,6 +216,7 @@ impl GuaranteeId {
             GuaranteeId::OrphansCollected => "orphans collected",
             GuaranteeId::BudgetsHold => "budgets hold",
             GuaranteeId::BreakerLiveness => "breaker liveness",
+            GuaranteeId::StageCoherence => "stage coherence",
         }
     }
 
@@ -266,10 +278,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids_are_stable_dense_and_round_trip() {
-        for (index, guarantee) in GuaranteeId::ALL.into_iter().enumerate() {
-            assert_eq!(guarantee.id(), format!("G{:02}", index + 1));
+    fn ids_are_stable_and_round_trip() {
+        for guarantee in GuaranteeId::ALL {
             assert_eq!(GuaranteeId::from_id(guarantee.id()), Some(guarantee));
+        }
+        for (index, guarantee) in GuaranteeId::ALL[..30].iter().enumerate() {
+            assert_eq!(guarantee.id(), format!("G{:02}", index + 1));
         }
         assert_eq!(GuaranteeId::NoDoubleCreate.id(), "G08");
         assert_eq!(GuaranteeId::ConvergedLeaksNothing.id(), "G23");
@@ -277,6 +291,6 @@ mod tests {
         assert_eq!(GuaranteeId::OrphansCollected.id(), "G28");
         assert_eq!(GuaranteeId::BudgetsHold.id(), "G29");
         assert_eq!(GuaranteeId::BreakerLiveness.id(), "G30");
-        assert_eq!(GuaranteeId::from_id("G31"), None);
+        assert_eq!(GuaranteeId::StageCoherence.id(), "G32");
     }
 }

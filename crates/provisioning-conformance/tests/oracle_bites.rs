@@ -145,6 +145,23 @@ enum Flaw {
     /// wake for its probe is never reported: an open breaker never
     /// half-opens.
     NeverHalfOpens,
+    /// A replacement attempt starts counting failures from zero instead of
+    /// carrying its slot's count (so its backoff is too short).
+    RestartResetsFailures,
+    /// A restart keeps the attempt id of the attempt it replaces.
+    RestartReusesAttempt,
+    /// A shrinking group is never shrunk: the driver keeps the larger count
+    /// and reports that as its desired state.
+    IgnoresScaleDown,
+    /// A node that begins deletion keeps the backoff it had stored while
+    /// active, so its cleanup waits instead of starting in the next pass.
+    DeletionKeepsBackoff,
+    /// A timeout is due only once its deadline has passed, a tick late (a
+    /// deadline compared with `>` instead of `>=`).
+    TimesOutLate,
+    /// A lease's facts are folded but the stage stays where it was: the
+    /// node hides the lease it holds.
+    StageIgnoresLease,
 }
 
 struct Broken {
@@ -182,7 +199,7 @@ impl OperationSink for Swallowing<'_> {
 
 /// Rebuilds `inner` from its own state after `edit`, as if the state had
 /// been stored and reloaded by a faulty persistence layer.
-fn rebuild(inner: &mut ClusterDriver, edit: impl Fn(&mut ClusterState) -> bool) {
+fn rebuild(inner: &mut ClusterDriver, mut edit: impl FnMut(&mut ClusterState) -> bool) {
     let mut state = inner.state().clone();
     if edit(&mut state) {
         let desired = inner.desired().clone();
@@ -211,8 +228,139 @@ impl OperationSink for Duplicating<'_> {
     }
 }
 
+/// Drops cleanup operations of the given attempts instead of passing them on.
+struct DroppingCleanup<'a> {
+    sink: &'a mut dyn OperationSink,
+    attempts: &'a [NodeAttemptId],
+}
+
+impl OperationSink for DroppingCleanup<'_> {
+    fn submit(&mut self, operation: Operation) -> Result<(), SubmitError> {
+        if operation.kind().is_cleanup() && self.attempts.contains(&operation.attempt()) {
+            return Ok(());
+        }
+        self.sink.submit(operation)
+    }
+
+    fn attempt_retired(&mut self, attempt: NodeAttemptId) {
+        self.sink.attempt_retired(attempt);
+    }
+}
+
+impl Broken {
+    /// `now`, or a tick before it when some pending deadline is exactly
+    /// `now`: the inner driver then sees "due" only strictly past a deadline.
+    fn late_by_a_tick(&self, now: Timestamp) -> Timestamp {
+        let at_deadline = self
+            .inner
+            .state()
+            .nodes
+            .values()
+            .filter_map(|n| n.pending.as_ref())
+            .any(|p| p.deadline == now);
+        match now.as_millis().checked_sub(1) {
+            Some(early) if at_deadline => Timestamp::from_millis(early),
+            _ => now,
+        }
+    }
+
+    /// The slot → attempt map of the inner driver's state now.
+    fn attempts(&self) -> std::collections::BTreeMap<LogicalNodeId, NodeAttemptId> {
+        self.inner
+            .state()
+            .nodes
+            .iter()
+            .map(|(id, node)| (id.clone(), node.attempt))
+            .collect()
+    }
+
+    /// A pass whose restarts lose their slot's failure count, or (with
+    /// `reuse`) keep the replaced attempt's id.
+    fn drive_with_bad_restarts(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+        reuse: bool,
+    ) -> Result<DriveReport, DriverError> {
+        let before = self.attempts();
+        let report = self.inner.drive_until_blocked(now, sink);
+        rebuild(&mut self.inner, |state| {
+            let mut edited = false;
+            for (id, node) in &mut state.nodes {
+                let Some(old) = before.get(id).filter(|old| **old != node.attempt) else {
+                    continue;
+                };
+                if reuse {
+                    node.attempt = *old;
+                    if let Some(pending) = &mut node.pending {
+                        pending.id = OperationId::new(*old, pending.id.sequence());
+                    }
+                    edited = true;
+                } else if node.retry.consecutive_failures > 0 {
+                    node.retry.consecutive_failures = 0;
+                    edited = true;
+                }
+            }
+            edited
+        });
+        report
+    }
+
+    /// A pass in which a node that begins deletion keeps its stored backoff
+    /// and so does not start its cleanup.
+    fn drive_keeping_backoff(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+    ) -> Result<DriveReport, DriverError> {
+        let waiting: Vec<(NodeAttemptId, Timestamp)> = self
+            .inner
+            .state()
+            .nodes
+            .values()
+            .filter(|n| n.intent == provisioning::Intent::Active && n.retry.ambiguous.is_none())
+            .filter_map(|n| {
+                let at = n.retry.next_effect_at.filter(|at| *at > now)?;
+                Some((n.attempt, at))
+            })
+            .collect();
+        let attempts: Vec<NodeAttemptId> = waiting.iter().map(|(a, _)| *a).collect();
+        let report = self.inner.drive_until_blocked(
+            now,
+            &mut DroppingCleanup {
+                sink,
+                attempts: &attempts,
+            },
+        );
+        rebuild(&mut self.inner, |state| {
+            let mut edited = false;
+            for node in state.nodes.values_mut() {
+                let Some((_, at)) = waiting.iter().find(|(a, _)| *a == node.attempt) else {
+                    continue;
+                };
+                let dropped = node.pending.as_ref().is_some_and(|p| p.kind.is_cleanup());
+                if node.intent == provisioning::Intent::Deleting && dropped {
+                    node.pending = None;
+                    node.retry.next_effect_at = Some(*at);
+                    edited = true;
+                }
+            }
+            edited
+        });
+        report
+    }
+}
+
 impl DriverUnderTest for Broken {
-    fn update_desired(&mut self, shape: ClusterShape) -> Result<DesiredUpdate, DriverError> {
+    fn update_desired(&mut self, mut shape: ClusterShape) -> Result<DesiredUpdate, DriverError> {
+        if self.flaw == Flaw::IgnoresScaleDown {
+            let groups = self.inner.desired().groups();
+            for group in &mut shape.groups {
+                if let Some(current) = groups.get(&group.id) {
+                    group.count = group.count.max(current.count());
+                }
+            }
+        }
         if self.flaw == Flaw::AcceptsRegressions
             && shape.generation < self.inner.desired().generation()
         {
@@ -260,6 +408,9 @@ impl DriverUnderTest for Broken {
             Flaw::SwallowsLookups => self
                 .inner
                 .drive_until_blocked(now, &mut Swallowing { sink }),
+            Flaw::RestartResetsFailures => self.drive_with_bad_restarts(now, sink, false),
+            Flaw::RestartReusesAttempt => self.drive_with_bad_restarts(now, sink, true),
+            Flaw::DeletionKeepsBackoff => self.drive_keeping_backoff(now, sink),
             _ => self.inner.drive_until_blocked(now, sink),
         }
     }
@@ -282,7 +433,23 @@ impl DriverUnderTest for Broken {
                 return self.inner.apply_executor_result(&rewritten, now);
             }
         }
-        self.inner.apply_executor_result(result, now)
+        let folded = self.inner.apply_executor_result(result, now);
+        if self.flaw == Flaw::StageIgnoresLease {
+            rebuild(&mut self.inner, |state| {
+                let Some(node) = state.nodes.get_mut(&result.node) else {
+                    return false;
+                };
+                let moved = matches!(
+                    node.record.stage,
+                    provisioning::NodeStage::LeaseCreated | provisioning::NodeStage::EndpointKnown
+                ) && result.kind == provisioning::EffectKind::CreateLease;
+                if moved {
+                    node.record.stage = provisioning::NodeStage::LeaseRequested;
+                }
+                moved
+            });
+        }
+        folded
     }
 
     fn operation_timed_out(
@@ -293,6 +460,7 @@ impl DriverUnderTest for Broken {
     ) -> Result<(), DriverError> {
         let now = match self.flaw {
             Flaw::TimesOutEarly => now.saturating_add(std::time::Duration::from_millis(1)),
+            Flaw::TimesOutLate => self.late_by_a_tick(now),
             _ => now,
         };
         self.inner.operation_timed_out(node, op, now)
@@ -341,6 +509,7 @@ impl DriverUnderTest for Broken {
     fn pending_operations_due(&self, now: Timestamp) -> Vec<DueOperation> {
         let now = match self.flaw {
             Flaw::TimesOutEarly => now.saturating_add(std::time::Duration::from_millis(1)),
+            Flaw::TimesOutLate => self.late_by_a_tick(now),
             _ => now,
         };
         self.inner.pending_operations_due(now)
@@ -615,4 +784,60 @@ impl Substrate for Flaky {
 fn a_substrate_that_is_not_reproducible_is_caught_as_g18() {
     let battery = Battery::new("flaky order", Flaky::new).seed_count(SEEDS_TO_CATCH);
     check_caught(&first_failure(battery), &[GuaranteeId::Determinism]);
+}
+
+#[test]
+fn a_restart_that_forgets_its_slots_failure_count_is_caught_as_g09() {
+    let failure = first_failure(broken_battery(Flaw::RestartResetsFailures));
+    check_caught(&failure, &[GuaranteeId::BackoffDiscipline]);
+}
+
+#[test]
+fn a_restart_that_keeps_the_replaced_attempt_id_is_caught_as_g01() {
+    let failure = first_failure(broken_battery(Flaw::RestartReusesAttempt));
+    check_caught(&failure, &[GuaranteeId::Identity]);
+}
+
+#[test]
+fn a_driver_that_keeps_its_own_idea_of_the_desired_slots_is_caught_as_g17() {
+    // The driver reports the larger count as its desired state, so only the
+    // kit's own model of the shape sees the undesired slots still active.
+    let failure = first_failure(broken_battery(Flaw::IgnoresScaleDown));
+    check_caught(&failure, &[GuaranteeId::ScaleDownOrder]);
+}
+
+#[test]
+fn a_deletion_that_waits_on_an_old_backoff_is_caught_as_g10() {
+    // An endpoint that is not ready stores a probe delay; a drift within
+    // that second deletes the node, whose cleanup must start at once.
+    let probe_then_drift: Trace = "script lookup-endpoint not-ready; run fifo; run fifo; \
+                                   desire drift a image; run fifo"
+        .parse()
+        .unwrap();
+    let battery = broken_battery(Flaw::DeletionKeepsBackoff)
+        .seeds([])
+        .traces([probe_then_drift.clone()]);
+    check_caught(&first_failure(battery), &[GuaranteeId::AttemptFailure]);
+    let report = Battery::new("deletion at once", FakeSubstrate::new)
+        .seeds([])
+        .traces([probe_then_drift])
+        .require_vacuity(false)
+        .run();
+    assert!(
+        report.failures.is_empty(),
+        "{:?}",
+        report.failures.first().map(ToString::to_string)
+    );
+}
+
+#[test]
+fn a_driver_that_times_out_a_tick_late_is_caught_as_g25() {
+    let failure = first_failure(broken_battery(Flaw::TimesOutLate));
+    check_caught(&failure, &[GuaranteeId::DeadlineBoundary]);
+}
+
+#[test]
+fn a_stage_that_hides_the_lease_it_holds_is_caught_as_g32() {
+    let failure = first_failure(broken_battery(Flaw::StageIgnoresLease));
+    check_caught(&failure, &[GuaranteeId::StageCoherence]);
 }

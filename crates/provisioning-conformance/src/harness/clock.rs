@@ -7,7 +7,7 @@ use provisioning::{
 
 use super::{Delivery, Harness, MAX_WAKES_PER_TICK};
 use crate::guarantee::{GuaranteeId, Violation};
-use crate::oracle::{FoldCause, breach};
+use crate::oracle::{self, FoldCause, breach};
 use crate::substrate::Substrate;
 
 impl<S: Substrate> Harness<S> {
@@ -15,7 +15,9 @@ impl<S: Substrate> Harness<S> {
     pub(super) fn advance_to(&mut self, target: Timestamp) -> Result<(), Violation> {
         for _ in 0..MAX_WAKES_PER_TICK {
             match self.driver.requeue_at() {
-                Some(wake) if wake > self.now && wake <= target => {
+                Some(wake)
+                    if oracle::later_than(wake, self.now) && oracle::at_or_after(target, wake) =>
+                {
                     self.probe_deadline_boundary(wake)?;
                     self.now = wake;
                     self.settle()?;
@@ -24,7 +26,7 @@ impl<S: Substrate> Harness<S> {
                 _ => break,
             }
         }
-        if target > self.now {
+        if oracle::later_than(target, self.now) {
             self.now = target;
         }
         self.settle()?;
@@ -45,7 +47,7 @@ impl<S: Substrate> Harness<S> {
             .iter()
             .filter_map(|(id, node)| {
                 let pending = node.pending.as_ref()?;
-                (pending.deadline == wake).then(|| (id.clone(), pending.id))
+                (pending.deadline.as_millis() == wake.as_millis()).then(|| (id.clone(), pending.id))
             })
             .collect();
         if at_deadline.is_empty() {
@@ -97,7 +99,10 @@ impl<S: Substrate> Harness<S> {
     /// is at or before now.
     fn check_due_list(&self, due: &[DueOperation]) -> Result<(), Violation> {
         let now = self.now;
-        if let Some(early) = due.iter().find(|item| !now.reached(item.deadline)) {
+        if let Some(early) = due
+            .iter()
+            .find(|item| !oracle::at_or_after(now, item.deadline))
+        {
             return Err(self.violation(breach(
                 GuaranteeId::DeadlineBoundary,
                 format!(
@@ -109,7 +114,8 @@ impl<S: Substrate> Harness<S> {
         let missing = self.driver.state().nodes.iter().find_map(|(id, node)| {
             let pending = node.pending.as_ref()?;
             let listed = due.iter().any(|d| d.node == *id && d.op == pending.id);
-            (now.reached(pending.deadline) && !listed).then(|| format!("{id} {}", pending.id))
+            (oracle::at_or_after(now, pending.deadline) && !listed)
+                .then(|| format!("{id} {}", pending.id))
         });
         match missing {
             Some(missing) => Err(self.violation(breach(

@@ -454,6 +454,17 @@ impl<S: Substrate> Harness<S> {
         self.driver = driver;
         // The limits are configuration: the new controller is given them too.
         self.driver.set_limits(self.limits.clone());
+        // Folds after the last commit die with the controller, and recovery
+        // folds every journaled pending operation as ambiguous: the kit's
+        // failure counts restart from the recovered ones (an approximation —
+        // a recovery that resets counts is not caught here).
+        self.failures = self
+            .driver
+            .state()
+            .nodes
+            .iter()
+            .map(|(id, node)| (id.clone(), node.retry.consecutive_failures))
+            .collect();
         self.check(oracle::g26_recovery_made_pending_ambiguous(
             self.driver.state(),
             &pending,
@@ -552,7 +563,7 @@ impl<S: Substrate> Harness<S> {
             .durable
             .suspects
             .iter()
-            .filter(|(_, since)| self.now.reached(since.saturating_add(grace)))
+            .filter(|(_, since)| oracle::at_or_after(self.now, since.saturating_add(grace)))
             .map(|(key, _)| key.clone())
             .collect();
         for key in due {
@@ -578,7 +589,7 @@ impl<S: Substrate> Harness<S> {
         if !self.crash_capable() {
             return Ok(());
         }
-        if self.now.reached(self.durable.next_scan_at) {
+        if oracle::at_or_after(self.now, self.durable.next_scan_at) {
             let interval = self
                 .options
                 .host

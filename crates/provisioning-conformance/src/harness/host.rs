@@ -71,6 +71,9 @@ impl<S: Substrate> Harness<S> {
             strict_calls,
             phase: Phase::Setup,
             now,
+            slots: model.slots(),
+            attempts: oracle::AttemptsSeen::default(),
+            failures: BTreeMap::new(),
             model,
             generation: first_generation.saturating_sub(1),
             history: VecDeque::new(),
@@ -326,6 +329,7 @@ impl<S: Substrate> Harness<S> {
 
     fn submit_shape(&mut self) -> Result<(), Violation> {
         self.generation += 1;
+        self.slots = self.model.slots();
         let shape = self.model.shape(self.generation);
         match self.driver.update_desired(shape) {
             Ok(DesiredUpdate::Accepted) => Ok(()),
@@ -434,7 +438,7 @@ impl<S: Substrate> Harness<S> {
         let due_timer = self
             .driver
             .requeue_at()
-            .is_some_and(|t| self.now.reached(t));
+            .is_some_and(|t| oracle::at_or_after(self.now, t));
         if !self.driver.is_queued() && !due_timer {
             return Ok(false);
         }
@@ -458,12 +462,14 @@ impl<S: Substrate> Harness<S> {
         let now = self.now;
         let policy = *self.driver.policy();
         let post = self.driver.state();
-        let desired = self.driver.desired();
         let mut highest = self.highest_attempt;
-        if let Err(reused) = oracle::g01_new_attempts_are_fresh(pre, post, &mut highest) {
+        if let Err(reused) = oracle::g01_new_attempts_are_fresh(pre, post, &mut highest)
+            .and_then(|()| oracle::g01_attempts_never_come_back(post, &mut self.attempts))
+        {
             return Err(self.crash_aware(reused.guarantee, reused.detail));
         }
-        let mut verdict = Ok(());
+        let desired = &self.slots;
+        let mut verdict = oracle::g32_stages_agree_with_facts(post);
         let dispatches = oracle::new_dispatches(pre, post);
         for dispatch in &dispatches {
             verdict = verdict
@@ -482,8 +488,13 @@ impl<S: Substrate> Harness<S> {
                     oracle::g17_only_undesired_drifted_or_failed_nodes_are_deleted(&change, desired)
                 });
             if !edge {
-                verdict =
-                    verdict.and_then(|()| oracle::g10_failed_attempt_starts_cleanup(&change, now));
+                verdict = verdict
+                    .and_then(|()| oracle::g10_failed_attempt_starts_cleanup(&change, now))
+                    .and_then(|()| oracle::g10_deletion_proceeds_at_once(&change, now))
+                    .and_then(|()| {
+                        let failures = &self.failures;
+                        oracle::g09_passes_keep_failure_counts(&change, failures)
+                    });
             }
             if let (Some(before), Some(after)) = (change.before, change.after) {
                 if before.attempt != after.attempt {
@@ -524,10 +535,11 @@ impl<S: Substrate> Harness<S> {
         }
         let mut drifted_groups = BTreeSet::new();
         for change in oracle::slot_changes(pre, post) {
-            if oracle::is_drift_takedown(&change, desired) {
+            if oracle::is_drift_takedown(&change, self.driver.desired()) {
                 drifted_groups.insert(change.id.group().clone());
             }
         }
+        let desired = self.driver.desired();
         for group in &drifted_groups {
             if let Some(budget) = self.limits.max_unavailable.get(group) {
                 let allowed = budget.of(desired.groups().get(group).map_or(0, |g| g.count()));
@@ -537,6 +549,8 @@ impl<S: Substrate> Harness<S> {
             }
         }
         self.check(verdict)?;
+        let post = self.driver.state();
+        self.failures.retain(|id, _| post.nodes.contains_key(id));
         self.highest_attempt = highest;
         self.vacuity.replacements += replacements;
         self.vacuity.scale_downs += scale_downs;
@@ -717,7 +731,7 @@ impl<S: Substrate> Harness<S> {
     }
 
     pub(super) fn check_fold(
-        &self,
+        &mut self,
         id: &LogicalNodeId,
         before: &ManagedNode,
         cause: &FoldCause<'_>,
@@ -725,10 +739,30 @@ impl<S: Substrate> Harness<S> {
         let Some(after) = self.driver.state().nodes.get(id) else {
             return Ok(());
         };
+        // The kit's own count of the slot's consecutive failures: one more
+        // for a fold that failed something, none once the node is ready.
+        let counted = self.failures.get(id).copied().unwrap_or(0);
+        let failures = if self.edges_reached {
+            // An edge error may have stopped a fold halfway; from there on
+            // the kit follows the driver's count.
+            after.retry.consecutive_failures
+        } else if after.record.ready && !before.record.ready {
+            0
+        } else if oracle::counts_as_failure(before, after, cause) {
+            counted.saturating_add(1)
+        } else {
+            counted
+        };
+        self.failures.insert(id.clone(), failures);
         let policy = self.driver.policy();
-        let verdict = oracle::g07_facts_leave_only_on_confirmed_absence(id, before, after, cause)
+        let verdict = oracle::g32_stage_agrees_with_facts(id, after)
             .and_then(|()| {
-                oracle::g09_delays_follow_the_policy(id, before, after, cause, policy, self.now)
+                oracle::g07_facts_leave_only_on_confirmed_absence(id, before, after, cause)
+            })
+            .and_then(|()| {
+                oracle::g09_delays_follow_the_policy(
+                    id, before, after, cause, policy, self.now, failures,
+                )
             })
             .and_then(|()| oracle::g11_probe_is_not_failure(id, before, after, cause))
             .and_then(|()| {
@@ -768,7 +802,9 @@ impl<S: Substrate> Harness<S> {
         let lease_owner = |lease: &LeaseHandle| self.substrate.lease_owner(lease);
         let session_owner = |session: &SessionHandle| self.substrate.session_owner(session);
         let mut highest = self.highest_generation;
-        if let Err(identity) = oracle::g01_identity_in_state(state) {
+        if let Err(identity) = oracle::g01_identity_in_state(state)
+            .and_then(|()| oracle::g01_attempts_never_come_back(state, &mut self.attempts))
+        {
             return Err(self.crash_aware(identity.guarantee, identity.detail));
         }
         let verdict = oracle::g02_pending_belongs_to_current_attempt(state)
@@ -785,10 +821,11 @@ impl<S: Substrate> Harness<S> {
                 )
             })
             .and_then(|()| oracle::g15_session_coherence(state))
+            .and_then(|()| oracle::g32_stages_agree_with_facts(state))
             .and_then(|()| oracle::g16_generation_is_monotonic(state, desired, &mut highest))
             .and_then(|()| {
                 if settled && !self.edges_reached {
-                    oracle::g17_undesired_slots_are_not_active(state, desired)
+                    oracle::g17_undesired_slots_are_not_active(state, &self.slots)
                 } else {
                     Ok(())
                 }

@@ -412,6 +412,13 @@ struct Harness<S: Substrate> {
     phase: Phase,
     now: Timestamp,
     model: ShapeModel,
+    /// The desired slots of the latest submitted shape, from `model`.
+    slots: oracle::DesiredSlots,
+    /// Every attempt id seen in the run (G01).
+    attempts: oracle::AttemptsSeen,
+    /// The kit's own count of consecutive failures per slot: carried into
+    /// a replacement, reset when the slot's node becomes ready (G09).
+    failures: BTreeMap<LogicalNodeId, u32>,
     generation: u64,
     history: VecDeque<Delivery>,
     timed_out: BTreeSet<OperationId>,

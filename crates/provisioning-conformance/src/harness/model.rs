@@ -154,6 +154,18 @@ impl ShapeModel {
         }
     }
 
+    /// The desired slots and templates of the model: the kit's own answer
+    /// to "which slots are desired", for the oracle.
+    pub(super) fn slots(&self) -> crate::oracle::DesiredSlots {
+        crate::oracle::DesiredSlots::new(self.groups.iter().map(|(id, model)| {
+            let template = match &model.base {
+                Base::Kit => kit_template(id.as_str(), model.versions),
+                Base::Custom(template) => drifted(template, model.versions),
+            };
+            (id.clone(), model.count, template)
+        }))
+    }
+
     /// A different shape, for the "silent change" revision probe.
     pub(super) fn altered(&self) -> ShapeModel {
         let mut altered = self.clone();
