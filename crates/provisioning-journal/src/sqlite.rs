@@ -3,6 +3,10 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::errno::Errno;
@@ -61,8 +65,9 @@ impl Default for SqliteOptions {
 /// the database, then releases the lock.
 #[derive(Debug)]
 pub struct SqliteJournal {
-    // Field order is drop order: the connection closes (and checkpoints)
-    // before the lock is released.
+    // Field order is drop order: the checkpointer stops first, then the
+    // connection closes (and checkpoints) before the lock is released.
+    checkpointer: Option<Checkpointer>,
     conn: Connection,
     lock: Flock<File>,
     run: String,
@@ -102,6 +107,100 @@ const UPSERT_NODE: &str = "INSERT INTO nodes (node, attempt, stage, body) VALUES
 const DELETE_NODE: &str = "DELETE FROM nodes WHERE node = ?1";
 const MARK_UNCLEAN: &str = "UPDATE run SET clean = 0, commits = commits + 1, \
      last_commit_unix_ms = ?1 WHERE id = 1";
+
+/// WAL bytes after which a commit asks the checkpoint thread to run.
+const CHECKPOINT_AFTER_BYTES: u64 = 8 << 20;
+
+/// WAL bytes after which a commit checkpoints itself (the thread is far
+/// behind): the bound on the WAL's growth.
+const CHECKPOINT_FORCE_BYTES: u64 = 256 << 20;
+
+/// Copies the WAL into the database on a thread of its own, so a commit
+/// only appends to the WAL. SQLite's automatic checkpoint would otherwise
+/// run inside the commit that crossed its threshold, and for a large change
+/// set that copy costs about as much as the commit itself. A `PASSIVE`
+/// checkpoint never blocks the writer; the WAL restarts from its beginning
+/// at the next commit after a complete one. Stopping closes the channel
+/// and joins the thread.
+#[derive(Debug)]
+struct Checkpointer {
+    poke: Option<SyncSender<()>>,
+    thread: Option<JoinHandle<()>>,
+    /// Bytes committed since the last finished checkpoint (approximate: the
+    /// change sets' payload sizes).
+    pending: Arc<AtomicU64>,
+}
+
+impl Checkpointer {
+    /// Opens a second connection to `path` and starts the thread; `None`
+    /// when either fails (SQLite's automatic checkpoints then stay on).
+    fn start(path: &Path, opts: &SqliteOptions) -> Option<Checkpointer> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .ok()?;
+        conn.busy_timeout(opts.busy_timeout).ok()?;
+        conn.pragma_update(None, "wal_autocheckpoint", 0).ok()?;
+        let (poke, pokes) = mpsc::sync_channel::<()>(1);
+        let pending = Arc::new(AtomicU64::new(0));
+        let seen = pending.clone();
+        let thread = std::thread::Builder::new()
+            .name("journal-checkpoint".to_owned())
+            .spawn(move || {
+                // Ends when the journal drops its sender.
+                while pokes.recv().is_ok() {
+                    let before = seen.load(Ordering::Acquire);
+                    // A failed checkpoint is retried at the next poke; the
+                    // commit path's forced checkpoint reports errors.
+                    if conn
+                        .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                        .is_ok()
+                    {
+                        let _ = seen.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                            Some(now.saturating_sub(before))
+                        });
+                    }
+                }
+            })
+            .ok()?;
+        Some(Checkpointer {
+            poke: Some(poke),
+            thread: Some(thread),
+            pending,
+        })
+    }
+
+    /// Counts a commit of `bytes`, pokes the thread past
+    /// [`CHECKPOINT_AFTER_BYTES`]. Returns whether the commit must
+    /// checkpoint itself (past [`CHECKPOINT_FORCE_BYTES`]).
+    fn committed(&self, bytes: u64) -> bool {
+        let pending = self.pending.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        if pending >= CHECKPOINT_AFTER_BYTES
+            && let Some(poke) = &self.poke
+        {
+            match poke.try_send(()) {
+                Ok(()) | Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => return true,
+            }
+        }
+        pending >= CHECKPOINT_FORCE_BYTES
+    }
+
+    /// The commit path checkpointed itself.
+    fn caught_up(&self) {
+        self.pending.store(0, Ordering::Release);
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.poke = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
 
 /// What inspecting an existing file found.
 enum Inspection {
@@ -201,7 +300,13 @@ impl SqliteJournal {
             initialise(&conn, &path, run)?;
             sync_dir(state_dir)?;
         }
+        let checkpointer = Checkpointer::start(&path, opts);
+        if checkpointer.is_some() {
+            conn.pragma_update(None, "wal_autocheckpoint", 0)
+                .map_err(|e| map_sqlite(&path, "hand checkpoints to their thread", e))?;
+        }
         Ok(SqliteJournal {
+            checkpointer,
             conn,
             lock,
             run: run.to_owned(),
@@ -366,6 +471,16 @@ impl Journal for SqliteJournal {
         }
         tx.commit().map_err(e)?;
         self.stats.record(changes);
+        if let Some(checkpointer) = &self.checkpointer
+            && checkpointer.committed(changes.payload_bytes())
+        {
+            // The thread fell far behind: this commit waits for a checkpoint
+            // so the WAL stays bounded.
+            self.conn
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                .map_err(self.err("checkpoint the WAL"))?;
+            checkpointer.caught_up();
+        }
         Ok(())
     }
 
