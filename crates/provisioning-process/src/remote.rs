@@ -248,6 +248,11 @@ impl RemoteSwarm {
         self.inner.bump();
     }
 
+    /// Whether `key` is expected (first join, re-join, or connected now).
+    pub fn is_expected(&self, key: &AttemptKey) -> bool {
+        self.inner.table().contains_key(key)
+    }
+
     /// Whether the agent of `key` is connected right now.
     pub fn is_connected(&self, key: &AttemptKey) -> bool {
         self.inner.table().get(key).is_some_and(|e| e.connected)

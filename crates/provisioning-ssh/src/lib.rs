@@ -10,12 +10,13 @@
 //!
 //! # Your own machines over SSH
 //!
-//! An inventory, as the shape file is meant to spell it (the CLI does not
-//! parse it yet; the fields map one to one onto [`SshHost`]):
+//! An inventory, as the shape file spells it (the `provision` CLI parses it;
+//! the host fields map one to one onto [`SshHost`]):
 //!
 //! ```toml
 //! [providers.ssh]
 //! known_hosts = "~/.ssh/known_hosts"   # required: every host key is checked
+//! listen = "10.0.0.1:7100"             # the swarm listener the agents join
 //! connect_timeout_secs = 5
 //!
 //! [[providers.ssh.host]]
@@ -53,26 +54,28 @@
 //! input (nothing it carries appears on a command line); calls are not yet
 //! multiplexed over a master connection.
 //!
+//! # Bootstrap
+//! [`SshPlugin::start`] gives the plugin a node agent ([`SshAgentConfig`]:
+//! the executable, for `provision` the running binary itself, and the
+//! address of the swarm listener the plugin owns). `start_bootstrap`
+//! connects with the host key verified, runs the verify commands, installs
+//! the agent if its content hash is absent on the host, and starts it
+//! detached in the remote boot mode of `provisioning_process::agent` (its
+//! boot order and per-attempt credential in a `0600` file written from the
+//! script on standard input). The agent's join over TCP is reported as the
+//! node's `Joined`; a lost agent or an exited workload is a lost node.
+//!
 //! # Not yet done
-//! - `start_bootstrap` runs the verify commands and starts
-//!   `boot.start_command` detached, recorded in the claim; it does not yet
-//!   start the node agent and wait for its swarm join.
-//!   [`SshPlugin::install_agent`] (upload once per content hash) is the
-//!   first piece of that; the others exist and are tested on loopback
-//!   (`tests/remote_agent.rs`): the controller's listener
-//!   `provisioning_process::remote::RemoteSwarm` and the agent's remote boot
-//!   mode (`provisioning_process::agent::remote`, the
-//!   `provision-remote-agent` binary of this crate), which takes its boot
-//!   order from a `0600` file, joins over TCP and re-dials for a bounded
-//!   window.
-//! - Connection multiplexing (`ControlMaster`), the Level 3 battery over
-//!   SSH, the CLI's `[providers.ssh]` table.
+//! - Connection multiplexing (`ControlMaster`) and the Level 3 battery over
+//!   SSH.
 
+mod agent;
 mod config;
 mod plugin;
 mod script;
 mod ssh;
 
+pub use agent::{DEFAULT_ADOPT_WAIT, DEFAULT_JOIN_TIMEOUT, SshAgentConfig, SshStartError};
 pub use config::{
     ConfigError, ConfigErrors, DEFAULT_CLAIM_ROOT, DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT, MAX_SLOTS_PER_HOST, SshHost, SshPluginConfig,

@@ -9,16 +9,19 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use provisioning::effect::SessionHandle;
 use provisioning::observe::{BootstrapEvent, LossCause};
-use provisioning::state::BootstrapProgress;
+use provisioning::state::{BootstrapFailure, BootstrapProgress};
 use provisioning::{
     Endpoint, EndpointLookup, LeaseHandle, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, RunId,
 };
+use provisioning_process::remote::{RemoteSwarm, RemoteSwarmConfig};
+use provisioning_process::wire::{self, BootOrder, ControlReply, FailureStage, JoinOrder};
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
     PluginError, ProvisionPlugin,
 };
 use sha2::Digest;
 
+use crate::agent::{Shared, SshAgentConfig, SshStartError};
 use crate::config::{ConfigErrors, SshHost, SshPluginConfig, is_safe_name};
 use crate::script;
 use crate::ssh::{self, Reply, SshFailure, quote};
@@ -74,14 +77,33 @@ pub enum FaultMode {
 ///   attempt by [`SshPlugin::check_losses`], which [`SshPlugin::start_watch`]
 ///   runs periodically.
 ///
-/// # Not yet done
-/// `start_bootstrap` runs the verify commands and starts the workload
-/// (`boot.start_command`) detached in a session of its own, recorded in the
-/// claim; it does not yet install the node agent nor wait for its swarm
-/// join, so no node of this plugin reports `Joined`.
+/// # Bootstrap: the node agent
+/// A plugin made with [`SshPlugin::start`] owns a swarm listener
+/// ([`RemoteSwarm`]) and starts the node agent on its hosts
+/// (`provisioning_process::agent`, remote boot mode). `start_bootstrap` is
+/// one SSH call (plus one upload the first time a host lacks the agent):
+/// with the host key verified, it runs the verify commands, and starts the
+/// installed agent detached (a session of its own, so it outlives the SSH
+/// connection and the controller) with its boot order — and the
+/// per-attempt credential — in a `0600` file written from the script on
+/// standard input, never on a command line. The agent's first join is
+/// reported `Joined`; a lost agent or an exited workload is a lost node; an
+/// agent that does not join within [`SshAgentConfig::join_timeout`] fails
+/// the bootstrap with what its status file says. `cancel_bootstrap` and
+/// `destroy_node` stop the agent's process group on the host.
+/// `complete_bootstrap` is the handoff: the agent and its workload run on.
+/// After a controller restart (same run secret, same listen address),
+/// `list_nodes` expects the agents of every listed session to re-join;
+/// they are adopted without restarting their workload, and one that does
+/// not come back within the re-join grace plus
+/// [`SshAgentConfig::adopt_wait`] is a lost node.
+///
+/// A plugin made with [`SshPlugin::new`] has no agent: it creates, lists
+/// and destroys claims, and its `start_bootstrap` fails definitely.
 pub struct SshPlugin {
     config: Arc<SshPluginConfig>,
-    sink: Mutex<Option<ObservationSink>>,
+    shared: Arc<Shared>,
+    agent: Option<AgentRuntime>,
     /// The hosts this instance sent a claim of each key to: a host among
     /// them that cannot be asked may hold the key's claim.
     sent: Mutex<BTreeMap<AttemptKey, BTreeSet<usize>>>,
@@ -89,6 +111,16 @@ pub struct SshPlugin {
     /// The live claims this instance created or adopted, with their host:
     /// what [`SshPlugin::check_losses`] watches.
     known: Mutex<BTreeMap<AttemptKey, usize>>,
+}
+
+/// The agent side of a plugin made with [`SshPlugin::start`].
+struct AgentRuntime {
+    config: SshAgentConfig,
+    swarm: Arc<RemoteSwarm>,
+    /// The agent executable's SHA-256, hex: its file name on every host.
+    digest: String,
+    /// One upload to a host at a time, so a host gets the agent once.
+    install_locks: Vec<tokio::sync::Mutex<()>>,
 }
 
 /// The background loss watch of a plugin ([`SshPlugin::start_watch`]);
@@ -136,11 +168,75 @@ impl SshPlugin {
         config.validate()?;
         Ok(SshPlugin {
             config: Arc::new(config),
-            sink: Mutex::new(None),
+            shared: Arc::new(Shared::default()),
+            agent: None,
             sent: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(BTreeMap::new()),
             known: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// A plugin over `config`'s inventory that bootstraps nodes with the
+    /// node agent of `agent`: binds the swarm listener on the current tokio
+    /// runtime and reads the agent executable once for its content hash.
+    ///
+    /// # Errors
+    /// [`SshStartError`] when the configuration is invalid, the agent cannot
+    /// be read, the listener cannot be bound, or outside a tokio runtime.
+    pub async fn start(
+        config: SshPluginConfig,
+        agent: SshAgentConfig,
+    ) -> Result<Arc<Self>, SshStartError> {
+        tokio::runtime::Handle::try_current().map_err(|_| SshStartError::NoRuntime)?;
+        config.validate()?;
+        let program = agent.program.clone();
+        let digest = tokio::task::spawn_blocking(move || file_digest(&program))
+            .await
+            .map_err(|error| SshStartError::Agent {
+                path: agent.program.clone(),
+                source: std::io::Error::other(error.to_string()),
+            })?
+            .map_err(|source| SshStartError::Agent {
+                path: agent.program.clone(),
+                source,
+            })?;
+        let shared = Arc::new(Shared::default());
+        let events = shared.clone();
+        let swarm = RemoteSwarm::bind(
+            RemoteSwarmConfig {
+                run_id: config.run_id.clone(),
+                secret: agent.secret.clone(),
+                listen: agent.listen,
+                advertised: agent.advertised,
+                rejoin_grace: agent.rejoin_grace,
+            },
+            move |event| events.on_event(event),
+        )
+        .await?;
+        tracing::info!(
+            run = %config.run_id,
+            inventory = %config.inventory_name,
+            swarm = %swarm.advertised(),
+            agent = %agent.program.display(),
+            %digest,
+            "ssh plugin started"
+        );
+        let hosts = config.hosts.len();
+        let mut plugin = SshPlugin::new(config)?;
+        plugin.shared = shared;
+        plugin.agent = Some(AgentRuntime {
+            config: agent,
+            swarm: Arc::new(swarm),
+            digest,
+            install_locks: (0..hosts).map(|_| tokio::sync::Mutex::new(())).collect(),
+        });
+        Ok(Arc::new(plugin))
+    }
+
+    /// The swarm listener agents join, for a plugin made with
+    /// [`SshPlugin::start`].
+    pub fn swarm(&self) -> Option<&RemoteSwarm> {
+        self.agent.as_ref().map(|agent| agent.swarm.as_ref())
     }
 
     /// Starts a task on the current tokio runtime that calls
@@ -197,6 +293,7 @@ impl SshPlugin {
                 .stdout
                 .lines()
                 .filter_map(|l| l.strip_prefix("CLAIM "))
+                .filter_map(|claim| claim.split_whitespace().next())
                 .collect();
             for (key, _) in watched.iter().filter(|(_, h)| **h == index) {
                 let claim = format!("{}/{}", key.node, key.attempt);
@@ -206,9 +303,8 @@ impl SshPlugin {
                 // Still watched: not destroyed through this plugin meanwhile.
                 if lock(&self.known).remove(key).is_some() {
                     tracing::warn!(%key, host = %host.name, "the claim is gone from its host: node lost");
-                    if let Some(sink) = lock(&self.sink).as_ref() {
-                        sink.lost(key, LossCause::LeaseGone);
-                    }
+                    self.forget_agent(key);
+                    self.shared.report_lost(key, LossCause::LeaseGone);
                     lost += 1;
                 }
             }
@@ -255,19 +351,58 @@ impl SshPlugin {
                     local.display()
                 ))
             })?;
-        let hash = hex::encode(sha2::Sha256::digest(&binary));
+        let hash = digest_of(local, &binary);
+        self.upload(index, &binary, &hash).await
+    }
+
+    /// Uploads `binary` (whose SHA-256 is `hash`) to host `index` unless it
+    /// holds it (asked first, so a present agent is not sent again): the
+    /// remote path and whether it was uploaded now.
+    async fn upload(
+        &self,
+        index: usize,
+        binary: &[u8],
+        hash: &str,
+    ) -> Result<(String, bool), PluginError> {
+        let path = format!("{}/.agents/{hash}", self.config.hosts[index].claim_root());
+        if self.agent_present(index, hash).await? {
+            return Ok((path, false));
+        }
+        self.send_agent(index, binary, hash).await?;
+        Ok((path, true))
+    }
+
+    /// Whether host `index` holds the agent of content hash `hash`.
+    async fn agent_present(&self, index: usize, hash: &str) -> Result<bool, PluginError> {
+        let host = &self.config.hosts[index];
+        let reply = self
+            .call(index, None, &script::agent_present(hash))
+            .await
+            .map_err(|failure| self.failure(host, "looking for the agent", failure))?;
+        match reply.verdict() {
+            "PRESENT" => Ok(true),
+            "ABSENT" => Ok(false),
+            _ => Err(self.unexpected(index, "looking for the agent", &reply)),
+        }
+    }
+
+    /// Sends `binary` to host `index`, where it is installed under its hash
+    /// after the hash checked out.
+    async fn send_agent(&self, index: usize, binary: &[u8], hash: &str) -> Result<(), PluginError> {
         let host = &self.config.hosts[index];
         let remote = format!(
             "sh -c {}",
-            quote(&script::install_agent(host.claim_root(), &hash))
+            quote(&script::install_agent(host.claim_root(), hash))
         );
-        let reply = ssh::run_with_input(&self.config, host, None, &remote, &binary)
+        let reply = ssh::run_with_input(&self.config, host, None, &remote, binary)
             .await
             .map_err(|failure| self.failure(host, "installing the agent", failure))?;
-        let path = format!("{}/.agents/{hash}", host.claim_root());
         match reply.verdict() {
-            "PRESENT" => Ok((path, false)),
-            "INSTALLED" => Ok((path, true)),
+            "PRESENT" => Ok(()),
+            "INSTALLED" => {
+                tracing::info!(host = %host.name, %hash, bytes = binary.len(), "agent installed");
+                Ok(())
+            }
             "MISMATCH" | "FAILED" => Err(PluginError::definite(format!(
                 "installing the agent on host {:?} failed ({}): {}",
                 host.name,
@@ -276,6 +411,29 @@ impl SshPlugin {
             ))),
             _ => Err(self.unexpected(index, "installing the agent", &reply)),
         }
+    }
+
+    /// Makes sure host `index` holds the plugin's agent, uploading it at
+    /// most once per host and content hash.
+    async fn ensure_installed(&self, index: usize) -> Result<(), PluginError> {
+        let Some(agent) = &self.agent else {
+            return Err(no_agent());
+        };
+        let _one_upload_per_host = agent.install_locks[index].lock().await;
+        if self.agent_present(index, &agent.digest).await? {
+            return Ok(());
+        }
+        let program = agent.config.program.clone();
+        let binary = tokio::task::spawn_blocking(move || std::fs::read(program))
+            .await
+            .map_err(|error| PluginError::definite(format!("reading the agent: {error}")))?
+            .map_err(|error| {
+                PluginError::definite(format!(
+                    "cannot read the agent {}: {error}",
+                    agent.config.program.display()
+                ))
+            })?;
+        self.send_agent(index, &binary, &agent.digest).await
     }
 
     /// Starts the installed agent `agent` (see [`SshPlugin::install_agent`])
@@ -309,14 +467,26 @@ impl SshPlugin {
             })?;
         let path = claim_path(key)?;
         let host = &self.config.hosts[index];
-        let remote = format!(
-            "sh -c {}",
-            quote(&script::launch_agent(host.claim_root(), &path, agent))
-        );
-        let reply = ssh::run_with_input(&self.config, host, None, &remote, order)
+        let order = std::str::from_utf8(order)
+            .map_err(|_| PluginError::definite("the boot order is not UTF-8 JSON"))?;
+        let env = BTreeMap::new();
+        let boot = script::Boot {
+            agent,
+            args: &[],
+            verify_commands: &[],
+            env: &env,
+            agent_env: &[],
+            order,
+        };
+        let reply = self
+            .call(index, None, &script::boot(&path, &boot))
             .await
             .map_err(|failure| self.failure(host, "starting the agent", failure))?;
         match reply.verdict() {
+            "NOAGENT" => Err(PluginError::definite(format!(
+                "no agent is installed at {agent} on host {:?}",
+                host.name
+            ))),
             "STARTED" => {
                 self.watch(key, index);
                 Ok(true)
@@ -336,6 +506,22 @@ impl SshPlugin {
             ))),
             _ => Err(self.unexpected(index, "starting the agent", &reply)),
         }
+    }
+
+    /// A listed claim of this run with a session: its agent may be running
+    /// from an earlier controller. Unless it is expected already, it is
+    /// expected to re-join (adopted, workload untouched); one that does not
+    /// within the grace and the adopt wait is a lost node.
+    fn adopt_agent(&self, key: &AttemptKey, host: usize) {
+        let Some(agent) = &self.agent else {
+            return;
+        };
+        if key.run_id != self.config.run_id || agent.swarm.is_expected(key) {
+            return;
+        }
+        tracing::info!(node = %key, host = %self.config.hosts[host].name, "expecting the agent of a listed claim to re-join");
+        self.watch(key, host);
+        agent.swarm.expect_adopted(key, agent.config.adopt_wait);
     }
 
     fn watch(&self, key: &AttemptKey, host: usize) {
@@ -454,8 +640,104 @@ impl SshPlugin {
     }
 
     fn report(&self, key: &AttemptKey, event: BootstrapEvent) {
-        if let Some(sink) = lock(&self.sink).as_ref() {
-            sink.bootstrap(key, event);
+        self.shared.report(key, event);
+    }
+
+    /// Stops expecting the agent of `key`: nothing more is reported about
+    /// it, and its swarm connection (if any) is dropped.
+    fn forget_agent(&self, key: &AttemptKey) {
+        self.shared.forget(key);
+        if let Some(agent) = &self.agent {
+            agent.swarm.forget(key);
+        }
+    }
+
+    /// The boot order of `key`'s agent: its workload, and how to join.
+    fn boot_order(
+        &self,
+        agent: &AgentRuntime,
+        key: &AttemptKey,
+        spec: &LogicalNodeSpec,
+    ) -> BootOrder {
+        let template = spec.template();
+        let boot = &template.boot;
+        BootOrder {
+            protocol: wire::PROTOCOL_VERSION,
+            run: key.run_id.as_str().to_owned(),
+            node: key.node.to_string(),
+            attempt: key.attempt.get(),
+            user: boot.user.clone(),
+            // The bootstrap script ran them before it started the agent.
+            verify_commands: Vec::new(),
+            start_command: boot.start_command.clone(),
+            env: boot.env.clone(),
+            args: boot.args.clone(),
+            join: JoinOrder {
+                address: agent.swarm.advertised(),
+                credential: agent.swarm.credential(key).to_hex(),
+                swarm: template.swarm_join.swarm.clone(),
+                labels: template.swarm_join.labels.clone(),
+            },
+            resume_only: false,
+        }
+    }
+
+    /// Fails the bootstrap of `key` unless its agent joins within the join
+    /// timeout (it exited, could not reach the listener, was refused): the
+    /// failure carries what the agent's status file and log say.
+    fn spawn_join_watchdog(&self, agent: &AgentRuntime, key: &AttemptKey, index: usize) {
+        let swarm = agent.swarm.clone();
+        let shared = self.shared.clone();
+        let config = self.config.clone();
+        let wait = agent.config.join_timeout;
+        let watched = key.clone();
+        let task = tokio::spawn(async move {
+            let key = watched;
+            if swarm.wait_connected(&key, wait).await
+                || shared.is_joined(&key)
+                || !swarm.is_expected(&key)
+            {
+                return;
+            }
+            let host = &config.hosts[index];
+            let (failure, detail) = match claim_path(&key) {
+                Ok(path) => {
+                    let script = format!(
+                        "root={}\n{}",
+                        quote(host.claim_root()),
+                        script::session_report(&path)
+                    );
+                    match ssh::run(&config, host, None, &script).await {
+                        Ok(reply) => join_failure(&reply.stdout, wait),
+                        Err(failure) => (
+                            BootstrapFailure::JoinFailed,
+                            format!(
+                                "the agent did not join within {wait:?}, and host {:?} could not be asked why: {failure:?}",
+                                host.name
+                            ),
+                        ),
+                    }
+                }
+                Err(error) => (BootstrapFailure::JoinFailed, error.to_string()),
+            };
+            // Still waiting, after the look at the host?
+            if shared.is_joined(&key) || !swarm.is_expected(&key) {
+                return;
+            }
+            swarm.forget(&key);
+            shared.agents().remove(&key);
+            tracing::warn!(node = %key, host = %host.name, %detail, "the agent did not join");
+            shared.report(&key, BootstrapEvent::Failed { failure, detail });
+        });
+        let previous = self
+            .shared
+            .agents()
+            .entry(key.clone())
+            .or_default()
+            .watchdog
+            .replace(task.abort_handle());
+        if let Some(previous) = previous {
+            previous.abort();
         }
     }
 
@@ -477,7 +759,7 @@ impl ProvisionPlugin for SshPlugin {
     }
 
     fn attach(&self, sink: ObservationSink) {
-        *lock(&self.sink) = Some(sink);
+        self.shared.attach(sink);
     }
 
     async fn create_node(
@@ -641,6 +923,9 @@ impl ProvisionPlugin for SshPlugin {
         key: &AttemptKey,
         request: &BootstrapRequest,
     ) -> Result<BootstrapSession, PluginError> {
+        let Some(agent) = &self.agent else {
+            return Err(no_agent());
+        };
         let Some(index) = self.host_of(key, &request.lease)? else {
             return Err(PluginError::not_found(format!(
                 "{} is no lease of {key}",
@@ -650,46 +935,122 @@ impl ProvisionPlugin for SshPlugin {
         let path = claim_path(key)?;
         let host = &self.config.hosts[index];
         let session = SessionHandle(format!("ssh-session:{}:{path}", host.name));
-        let boot = &request.spec.template().boot;
-        let body = script::start_session(&path, boot);
         self.report(key, BootstrapEvent::Progress(BootstrapProgress::Connecting));
-        let reply = self
-            .call(index, None, &body)
-            .await
-            .map_err(|failure| self.failure(host, "starting the bootstrap", failure))?;
+        // Expected before it can start, so its join is never refused. A key
+        // expected already (a retry, a re-joining adopted agent) keeps its
+        // expectation and connection.
+        let newly_expected = !agent.swarm.is_expected(key);
+        if newly_expected {
+            agent.swarm.expect(key);
+        }
+        let order = serde_json::to_string(&self.boot_order(agent, key, &request.spec))
+            .map_err(|error| PluginError::definite(format!("encoding the boot order: {error}")))?;
+        let remote_agent = format!("{}/.agents/{}", host.claim_root(), agent.digest);
+        let boot = &request.spec.template().boot;
+        let agent_env: Vec<(&str, String)> = agent
+            .config
+            .rejoin_window
+            .map(|window| {
+                (
+                    provisioning_process::agent::env::REJOIN_WINDOW_MS,
+                    window.as_millis().to_string(),
+                )
+            })
+            .into_iter()
+            .collect();
+        let body = script::boot(
+            &path,
+            &script::Boot {
+                agent: &remote_agent,
+                args: &agent.config.args,
+                verify_commands: &boot.verify_commands,
+                env: &boot.env,
+                agent_env: &agent_env,
+                order: &order,
+            },
+        );
+        let nothing_ran = |error: PluginError| {
+            if newly_expected {
+                self.forget_agent(key);
+            }
+            error
+        };
+        let call = |failure| match failure {
+            failure @ (SshFailure::HostKey(_) | SshFailure::NotConnected(_)) => {
+                nothing_ran(self.failure(host, "starting the bootstrap", failure))
+            }
+            failure => self.failure(host, "starting the bootstrap", failure),
+        };
+        let mut reply = self.call(index, None, &body).await.map_err(call)?;
+        if reply.verdict() == "NOAGENT" {
+            self.ensure_installed(index).await.map_err(nothing_ran)?;
+            reply = self.call(index, None, &body).await.map_err(call)?;
+        }
         let verdict = reply.verdict().to_owned();
         match verdict.split_whitespace().next().unwrap_or("") {
-            "ADOPTED" => {
-                self.watch(key, index);
-                Ok(BootstrapSession {
-                    session,
-                    adopted: true,
-                })
-            }
             "STARTED" => {
                 self.watch(key, index);
                 for stage in [
                     BootstrapProgress::Connected,
                     BootstrapProgress::BootChecking,
                     BootstrapProgress::AgentStarting,
+                    BootstrapProgress::WaitingForJoin,
                 ] {
                     self.report(key, BootstrapEvent::Progress(stage));
                 }
+                self.shared.announce(key);
+                self.spawn_join_watchdog(agent, key, index);
                 Ok(BootstrapSession {
                     session,
                     adopted: false,
                 })
             }
-            "NOTFOUND" => Err(PluginError::not_found(format!(
+            "ADOPTED" => {
+                self.watch(key, index);
+                let announced = self
+                    .shared
+                    .agents()
+                    .get(key)
+                    .is_some_and(|state| state.announced);
+                if !announced {
+                    self.report(
+                        key,
+                        BootstrapEvent::Progress(BootstrapProgress::WaitingForJoin),
+                    );
+                }
+                self.shared.announce(key);
+                let watching = self
+                    .shared
+                    .agents()
+                    .get(key)
+                    .is_some_and(|state| state.joined || state.watchdog.is_some());
+                if !watching {
+                    self.spawn_join_watchdog(agent, key, index);
+                }
+                Ok(BootstrapSession {
+                    session,
+                    adopted: true,
+                })
+            }
+            "NOTFOUND" => Err(nothing_ran(PluginError::not_found(format!(
                 "the claim of {key} is gone from host {:?}",
                 host.name
-            ))),
-            "VERIFYFAILED" => Err(PluginError::definite(format!(
+            )))),
+            "VERIFYFAILED" => Err(nothing_ran(PluginError::definite(format!(
                 "boot check failed on host {:?} for {key}: verify command #{} failed: {}",
                 host.name,
                 verdict.split_whitespace().nth(1).unwrap_or("?"),
                 reply.stderr.trim()
-            ))),
+            )))),
+            "NOAGENT" => Err(nothing_ran(PluginError::definite(format!(
+                "the agent {remote_agent} is still not executable on host {:?} after its upload",
+                host.name
+            )))),
+            "FAILED" => Err(nothing_ran(PluginError::definite(format!(
+                "starting the agent on host {:?} failed: {}",
+                host.name,
+                reply.stderr.trim()
+            )))),
             _ => Err(self.unexpected(index, "starting the bootstrap", &reply)),
         }
     }
@@ -699,6 +1060,20 @@ impl ProvisionPlugin for SshPlugin {
         key: &AttemptKey,
         session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
+        // The handoff: the agent and its workload run on.
+        if self.shared.is_joined(key) {
+            self.report(key, BootstrapEvent::Closed);
+            return Ok(());
+        }
+        if self
+            .agent
+            .as_ref()
+            .is_some_and(|agent| agent.swarm.is_expected(key))
+        {
+            return Err(PluginError::ambiguous(format!(
+                "the agent of {key} is not joined right now (it may be re-joining)"
+            )));
+        }
         let path = claim_path(key)?;
         // The session's host, else every host that may hold the claim.
         let hosts = match self.host_of_session(key, session) {
@@ -709,8 +1084,9 @@ impl ProvisionPlugin for SshPlugin {
             let host = &self.config.hosts[index];
             match self.probe(index, &path).await {
                 Ok(Some(true)) => {
-                    self.report(key, BootstrapEvent::Closed);
-                    return Ok(());
+                    return Err(PluginError::definite(format!(
+                        "the bootstrap of {key} cannot complete: its agent has not joined"
+                    )));
                 }
                 Ok(Some(false)) => {}
                 Ok(None) => {
@@ -738,6 +1114,8 @@ impl ProvisionPlugin for SshPlugin {
         let Ok(path) = claim_path(key) else {
             return Ok(());
         };
+        // Stopping the agent is no loss.
+        self.forget_agent(key);
         let hosts = match self.host_of_session(key, session) {
             Some(index) => vec![index],
             None => (0..self.config.hosts.len()).collect(),
@@ -776,8 +1154,9 @@ impl ProvisionPlugin for SshPlugin {
         let host = &self.config.hosts[index];
         let fault = self.take_fault(FaultStep::Release);
         let port = (fault == Some(FaultMode::Refused)).then_some(REFUSED_PORT);
-        // Not watched while it goes: its absence is no loss.
+        // Not watched while it goes: its absence, and its agent's, is no loss.
         let watched = lock(&self.known).remove(key).is_some();
+        self.forget_agent(key);
         let reply = match self.call(index, port, &script::release(&path)).await {
             Ok(reply) => reply,
             Err(failure) => {
@@ -823,9 +1202,12 @@ impl ProvisionPlugin for SshPlugin {
                 return Err(self.unexpected(index, "listing claims", &reply));
             }
             for line in reply.stdout.lines() {
-                let Some(claim) = line.strip_prefix("CLAIM ") else {
+                let Some(listed) = line.strip_prefix("CLAIM ") else {
                     continue;
                 };
+                let mut words = listed.split_whitespace();
+                let claim = words.next().unwrap_or("");
+                let has_session = words.next() == Some("session");
                 let parsed = claim.split_once('/').and_then(|(node, attempt)| {
                     let node = LogicalNodeId::parse(node).ok()?;
                     let attempt = attempt.strip_prefix('a')?.parse::<u64>().ok()?;
@@ -841,6 +1223,9 @@ impl ProvisionPlugin for SshPlugin {
                     attempt,
                 };
                 let path = claim_path(&key)?;
+                if has_session {
+                    self.adopt_agent(&key, index);
+                }
                 nodes.push(ListedNode {
                     lease: self.lease_of(index, &path),
                     key,
@@ -851,4 +1236,94 @@ impl ProvisionPlugin for SshPlugin {
         nodes.dedup();
         Ok(nodes)
     }
+}
+
+impl Drop for SshPlugin {
+    fn drop(&mut self) {
+        self.shared.close();
+    }
+}
+
+fn no_agent() -> PluginError {
+    PluginError::definite(
+        "this ssh plugin has no node agent to start (made with SshPlugin::new; SshPlugin::start configures one)",
+    )
+}
+
+/// Content hashes of local files by path, size and modification time, so
+/// a large agent is hashed once per process, not once per plugin or call.
+type DigestCache = BTreeMap<std::path::PathBuf, (u64, std::time::SystemTime, String)>;
+
+static DIGESTS: Mutex<DigestCache> = Mutex::new(BTreeMap::new());
+
+/// The size and modification time of `local`.
+fn stamp_of(local: &std::path::Path) -> Option<(u64, std::time::SystemTime)> {
+    std::fs::metadata(local)
+        .and_then(|m| m.modified().map(|t| (m.len(), t)))
+        .ok()
+}
+
+/// The remembered hash of `local`, if it did not change since.
+fn cached_digest(local: &std::path::Path) -> Option<String> {
+    let (len, modified) = stamp_of(local)?;
+    lock(&DIGESTS)
+        .get(local)
+        .filter(|(l, m, _)| *l == len && *m == modified)
+        .map(|(_, _, hash)| hash.clone())
+}
+
+/// The SHA-256 (hex) of `bytes`, just read from `local`.
+fn digest_of(local: &std::path::Path, bytes: &[u8]) -> String {
+    let stamp = stamp_of(local).filter(|(len, _)| *len == bytes.len() as u64);
+    if stamp.is_some()
+        && let Some(hash) = cached_digest(local)
+    {
+        return hash;
+    }
+    let hash = hex::encode(sha2::Sha256::digest(bytes));
+    if let Some((len, modified)) = stamp {
+        lock(&DIGESTS).insert(local.to_owned(), (len, modified, hash.clone()));
+    }
+    hash
+}
+
+/// The SHA-256 (hex) of the file at `local`, read only when not remembered.
+fn file_digest(local: &std::path::Path) -> std::io::Result<String> {
+    if let Some(hash) = cached_digest(local) {
+        return Ok(hash);
+    }
+    let bytes = std::fs::read(local)?;
+    Ok(digest_of(local, &bytes))
+}
+
+/// Why an agent did not join, from the `STATUS`/`LOG` lines of
+/// [`script::session_report`].
+fn join_failure(report: &str, wait: Duration) -> (BootstrapFailure, String) {
+    let mut failure = BootstrapFailure::JoinFailed;
+    let mut said = None;
+    let mut lines = Vec::new();
+    for line in report.lines() {
+        if let Some(status) = line.strip_prefix("STATUS ") {
+            if let Ok(ControlReply::Failed { stage, detail }) =
+                serde_json::from_str::<ControlReply>(status)
+            {
+                failure = match stage {
+                    FailureStage::BootCheck => BootstrapFailure::BootCheckFailed,
+                    FailureStage::Start => BootstrapFailure::StartFailed,
+                    FailureStage::Join => BootstrapFailure::JoinFailed,
+                };
+                said = Some(detail);
+            }
+        } else if let Some(log) = line.strip_prefix("LOG ") {
+            lines.push(log.trim().to_owned());
+        }
+    }
+    let detail = match said {
+        Some(detail) => format!("the agent failed: {detail}"),
+        None => format!(
+            "the agent did not join within {wait:?}; its log ends with: {:?}",
+            lines.join(" | ")
+        ),
+    };
+    (failure, detail)
 }

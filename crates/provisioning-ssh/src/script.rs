@@ -8,11 +8,12 @@
 //! {claim_root}/.lock                       flock(1) taken while claiming
 //! {claim_root}/{run}/{node}/a{attempt}/    the claim: one slot (mkdir)
 //!     session/                             the bootstrap session (mkdir)
-//!     session/pid                          leader of its process group
-//!     session/log                          the workload's output
+//!     session/pid                          the agent: leader of its session and group
+//!     session/order                        its boot order (0600), removed once read
+//!     session/status                       its stages, one JSON line each
+//!     session/log                          the agent's and the workload's output
+//! {claim_root}/.agents/{sha256}            the agent executable, by content hash
 //! ```
-
-use provisioning::BootParams;
 
 use crate::ssh::quote;
 
@@ -55,10 +56,11 @@ const STOP_SESSION: &str = r#"stop_session() {
     case "$p" in
       ''|*[!0-9]*) ;;
       *)
-        kill -s TERM -- "-$p" 2>/dev/null
+        kill -s TERM -- "-$p" 2>/dev/null || kill -s TERM "$p" 2>/dev/null
         i=0
-        while kill -s 0 -- "-$p" 2>/dev/null && [ "$i" -lt 30 ]; do sleep 0.1; i=$((i+1)); done
+        while { kill -s 0 -- "-$p" || kill -s 0 "$p"; } 2>/dev/null && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
         kill -s KILL -- "-$p" 2>/dev/null
+        kill -s KILL "$p" 2>/dev/null
         ;;
     esac
   fi
@@ -95,11 +97,16 @@ echo DESTROYED
     )
 }
 
-/// Lists the claims of `run` as `CLAIM {node}/a{attempt}` lines, then `END`.
+/// Lists the claims of `run` as `CLAIM {node}/a{attempt}` lines, with a
+/// trailing ` session` when the claim has a bootstrap session (an agent was
+/// started for it), then `END`.
 pub(crate) fn list(run: &str) -> String {
     format!(
         r#"if cd "$root"/{r} 2>/dev/null; then
-  for d in */a*; do [ -d "$d" ] && echo "CLAIM $d"; done
+  for d in */a*; do
+    [ -d "$d" ] || continue
+    if [ -d "$d/session" ]; then echo "CLAIM $d session"; else echo "CLAIM $d"; fi
+  done
 fi
 echo END
 "#,
@@ -107,40 +114,108 @@ echo END
     )
 }
 
-/// Starts the bootstrap session of the claim at `path`: `ADOPTED` when it
-/// runs, `NOTFOUND` without the claim, `VERIFYFAILED n` when verify command
-/// `n` (from 1) failed (nothing started), else `STARTED` with the workload
-/// running detached in a session of its own.
-pub(crate) fn start_session(path: &str, boot: &BootParams) -> String {
+/// The line that ends the boot order's here-document. A boot order is one
+/// line of JSON, which starts with `{`, so it can never be this line.
+const ORDER_END: &str = "PROVISIONING_BOOT_ORDER_END";
+
+/// What [`boot`] starts: the installed agent and its boot order.
+pub(crate) struct Boot<'a> {
+    /// The agent executable on the host.
+    pub(crate) agent: &'a str,
+    /// Its leading arguments (`["agent"]` for the `provision` binary).
+    pub(crate) args: &'a [String],
+    /// Verify commands run (with `env`) before anything is started.
+    pub(crate) verify_commands: &'a [String],
+    /// Their environment.
+    pub(crate) env: &'a std::collections::BTreeMap<String, String>,
+    /// Extra environment of the agent itself (its re-join window, …).
+    pub(crate) agent_env: &'a [(&'a str, String)],
+    /// The boot order, one line of JSON (it carries the credential).
+    pub(crate) order: &'a str,
+}
+
+/// The bootstrap of the claim at `path`, one script sent on standard input
+/// (so neither the credential nor the boot's commands and environment ever
+/// reach a command line): `NOTFOUND` without the claim, `ADOPTED` when a
+/// session exists, `NOAGENT` when the agent is not installed,
+/// `VERIFYFAILED n` when verify command `n` (from 1) failed, `FAILED` when
+/// the order could not be written (nothing started in those cases), else
+/// `STARTED`: the agent runs detached (it starts a session of its own) with
+/// its boot order in a `0600` file of the session that it removes once
+/// read, and its pid in `session/pid`.
+pub(crate) fn boot(path: &str, boot: &Boot<'_>) -> String {
     let mut script = format!(
-        "claim=\"$root\"/{p}\n[ -d \"$claim\" ] || {{ echo NOTFOUND; exit 0; }}\n\
-         if [ -d \"$claim/session\" ]; then echo ADOPTED; exit 0; fi\n",
-        p = quote(path)
+        "claim=\"$root\"/{p}; a={a}\n\
+         [ -d \"$claim\" ] || {{ echo NOTFOUND; exit 0; }}\n\
+         if [ -d \"$claim/session\" ]; then echo ADOPTED; exit 0; fi\n\
+         [ -x \"$a\" ] || {{ echo NOAGENT; exit 0; }}\n",
+        p = quote(path),
+        a = quote(boot.agent),
     );
-    for (name, value) in &boot.env {
-        let shell_name = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if shell_name {
-            script.push_str(&format!("export {name}={}\n", quote(value)));
+    let mut assignments = String::new();
+    for (name, value) in boot.env {
+        if is_shell_name(name) {
+            assignments.push_str(&format!("{name}={} ", quote(value)));
         }
     }
     for (number, command) in boot.verify_commands.iter().enumerate() {
         script.push_str(&format!(
-            "sh -c {} </dev/null >/dev/null || {{ echo \"VERIFYFAILED {}\"; exit 0; }}\n",
+            "{assignments}sh -c {} </dev/null >/dev/null || {{ echo \"VERIFYFAILED {}\"; exit 0; }}\n",
             quote(command),
             number + 1
         ));
     }
-    script.push_str("mkdir \"$claim/session\" || { echo SESSIONFAILED; exit 6; }\n");
-    if !boot.start_command.is_empty() {
-        script.push_str(&format!(
-            "setsid sh -c 'echo $$ > \"$1\"; exec sh -c \"$2\"' sh \"$claim/session/pid\" {} </dev/null >\"$claim/session/log\" 2>&1 &\n\
-             i=0; while [ ! -s \"$claim/session/pid\" ] && [ \"$i\" -lt 50 ]; do sleep 0.1; i=$((i+1)); done\n",
-            quote(&boot.start_command)
-        ));
+    let mut launch = String::new();
+    for (name, value) in boot.agent_env {
+        launch.push_str(&format!("{name}={} ", quote(value)));
     }
-    script.push_str("echo STARTED\n");
+    launch.push_str("\"$a\"");
+    for arg in boot.args {
+        launch.push(' ');
+        launch.push_str(&quote(arg));
+    }
+    script.push_str(&format!(
+        r#"mkdir "$claim/session" 2>/dev/null || {{ echo ADOPTED; exit 0; }}
+s="$claim/session"
+if ! (umask 077; cat >"$s/order" <<'{ORDER_END}'
+{order}
+{ORDER_END}
+); then rm -rf "$s"; echo FAILED; exit 6; fi
+PROVISION_AGENT_BOOT_FILE="$s/order" PROVISION_AGENT_STATUS_FILE="$s/status" {launch} </dev/null >"$s/log" 2>&1 &
+echo $! >"$s/pid"
+echo STARTED
+"#,
+        order = boot.order.trim(),
+    ));
     script
+}
+
+/// Prints the last lines of the session's status file and log of the claim
+/// at `path`, then `END` (nothing when there is no session).
+pub(crate) fn session_report(path: &str) -> String {
+    format!(
+        r#"s="$root"/{p}/session
+if [ -f "$s/status" ]; then tail -n 5 "$s/status" | sed 's/^/STATUS /'; fi
+if [ -f "$s/log" ]; then tail -n 5 "$s/log" | sed 's/^/LOG /'; fi
+echo END
+"#,
+        p = quote(path)
+    )
+}
+
+/// Whether `name` can be `export`ed by a POSIX shell.
+fn is_shell_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Prints `PRESENT` when the agent `$root/.agents/{hash}` is installed,
+/// else `ABSENT`.
+pub(crate) fn agent_present(hash: &str) -> String {
+    format!(
+        "if [ -x \"$root\"/.agents/{h} ]; then echo PRESENT; else echo ABSENT; fi\n",
+        h = quote(hash)
+    )
 }
 
 /// A `sh -c` script (its standard input is the file) that installs an agent
@@ -161,28 +236,5 @@ chmod 0755 "$tmp" && mv -f "$tmp" "$f" || {{ rm -f "$tmp"; echo FAILED; exit 6; 
 echo INSTALLED
 "#,
         r = quote(root),
-    )
-}
-
-/// Starts the installed agent `agent` for the claim at `path` in remote boot
-/// mode: the boot order (with its credential) is read from standard input
-/// into a `0600` file of the session, which the agent removes once read;
-/// the agent's pid (it leads its own session and group) goes to
-/// `session/pid`, so `stop_session` stops it. Prints `STARTED`, `ADOPTED`
-/// (a session exists), `NOTFOUND` (no claim) or `FAILED`.
-pub(crate) fn launch_agent(root: &str, path: &str, agent: &str) -> String {
-    format!(
-        r#"root={r}; claim="$root"/{p}
-if [ ! -d "$claim" ]; then cat >/dev/null; echo NOTFOUND; exit 0; fi
-if ! mkdir "$claim/session" 2>/dev/null; then cat >/dev/null; echo ADOPTED; exit 0; fi
-s="$claim/session"
-if ! (umask 077; cat >"$s/order"); then rm -f "$s/order"; echo FAILED; exit 6; fi
-PROVISION_AGENT_BOOT_FILE="$s/order" PROVISION_AGENT_STATUS_FILE="$s/status" {a} </dev/null >"$s/log" 2>&1 &
-echo $! >"$s/pid"
-echo STARTED
-"#,
-        r = quote(root),
-        p = quote(path),
-        a = quote(agent),
     )
 }

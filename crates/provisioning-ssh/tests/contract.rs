@@ -8,6 +8,9 @@
 //! | `definite` | `destroy_node` | the release's SSH connection is refused |
 //! | `ambiguous-done` | `destroy_node` | the claim is released on the host, its reply is thrown away |
 //! | loss | — | the claim directory is removed on the host behind the plugin's back; the plugin's loss watch finds it gone |
+//!
+//! Every plugin bootstraps with the real node agent (`provision-remote-agent`),
+//! which joins the plugin's own swarm listener over TCP.
 
 mod common;
 
@@ -20,8 +23,11 @@ use provisioning_conformance::contract::{
     ContractFaults, ContractSubject, PluginMethod, run_contract_suite,
 };
 use provisioning_conformance::trace::Fault;
+use provisioning_process::RunSecret;
 use provisioning_provider::AttemptKey;
 use provisioning_ssh::{FaultMode, FaultStep, SshPlugin, WatchHandle};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_provision-remote-agent");
 
 const RUN: &str = "contract-test";
 
@@ -70,10 +76,12 @@ impl ContractFaults for SshFaults {
 async fn the_ssh_plugin_keeps_the_seam_contract_over_real_sshd() {
     let bed = Testbed::start(2);
     let claims: Vec<_> = bed.hosts.iter().map(|h| h.claims()).collect();
+    let bed = &bed;
     let report = run_contract_suite(|| {
-        let plugin = bed.plugin(RUN, 2);
         let claims = claims.clone();
         async move {
+            let agent = bed.agent_config(AGENT, RunSecret::generate(), 0);
+            let plugin = bed.agent_plugin(RUN, 2, agent).await;
             let watch = plugin.start_watch(WATCH_INTERVAL);
             let faults = Arc::new(SshFaults {
                 plugin: plugin.clone(),

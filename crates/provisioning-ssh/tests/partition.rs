@@ -7,8 +7,11 @@ use std::time::Duration;
 
 use common::{Testbed, key, spec};
 use provisioning::{BootParams, Endpoint, EndpointLookup};
+use provisioning_process::RunSecret;
 use provisioning_provider::{BootstrapRequest, PluginError, ProvisionPlugin};
 use provisioning_ssh::SshPlugin;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_provision-remote-agent");
 
 /// How many times the test looks for the remote verify command to run.
 const MARKER_POLLS_MAX: usize = 3_000;
@@ -21,7 +24,10 @@ async fn a_partition_mid_call_is_ambiguous_and_a_partitioned_host_is_not_ready()
     let mut config = bed.config("part", 1);
     config.connect_timeout = Duration::from_secs(2);
     config.command_timeout = Duration::from_secs(6);
-    let plugin = SshPlugin::new(config).expect("valid config");
+    let agent = bed.agent_config(AGENT, RunSecret::generate(), 0);
+    let plugin = SshPlugin::start(config, agent)
+        .await
+        .expect("start the plugin");
 
     let k = key("part", "w", 0, 1);
     let marker = bed.path().join("verify-running");

@@ -327,7 +327,6 @@ async fn a_refused_claim_is_definite_and_a_lost_reply_is_ambiguous_then_adopted(
         .expect("destroy");
 }
 
-/// Whether the process runs (a zombie waiting for a reaper does not).
 #[tokio::test]
 async fn a_claim_removed_behind_the_plugins_back_is_reported_lost_under_its_attempt() {
     let bed = Testbed::start(1);
@@ -398,99 +397,32 @@ async fn the_agent_is_installed_once_per_content_hash() {
     ));
 }
 
-fn process_alive(pid: &str) -> bool {
-    let stat = Path::new("/proc").join(pid.trim()).join("stat");
-    std::fs::read_to_string(stat).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
-    })
-}
-
 #[tokio::test]
-async fn bootstrap_runs_verify_commands_and_starts_the_workload_detached() {
+async fn a_plugin_without_an_agent_refuses_to_bootstrap_definitely() {
     let bed = Testbed::start(1);
-    let plugin = bed.plugin("boot", 1);
-    let k = key("boot", "w", 0, 1);
-    let params = BootParams {
-        verify_commands: vec!["true".into(), "test -n \"$GREETING\"".into()],
-        start_command: "sleep 600".into(),
-        env: [("GREETING".to_owned(), "hello".to_owned())].into(),
-        ..BootParams::default()
-    };
-    let node_spec = spec(&k, params);
+    let plugin = bed.plugin("no-agent", 1);
+    let k = key("no-agent", "w", 0, 1);
+    let node_spec = spec(&k, boot());
     let lease = plugin.create_node(&k, &node_spec).await.expect("create");
-    let endpoint = match plugin
-        .lookup_endpoint(&k, &lease.lease)
-        .await
-        .expect("lookup")
-    {
-        EndpointLookup::Ready(endpoint) => endpoint,
-        EndpointLookup::NotReady => panic!("a live host is ready"),
-    };
     let request = BootstrapRequest {
-        spec: node_spec.clone(),
+        spec: node_spec,
         lease: lease.lease.clone(),
-        endpoint,
-    };
-    let first = plugin.start_bootstrap(&k, &request).await.expect("start");
-    assert!(!first.adopted);
-    let pid_file = bed.hosts[0].claims().join("boot/w-0/a1/session/pid");
-    let pid = std::fs::read_to_string(&pid_file).expect("the session records its pid");
-    assert!(process_alive(&pid), "the workload runs after ssh returned");
-    let second = plugin
-        .start_bootstrap(&k, &request)
-        .await
-        .expect("start again");
-    assert!(second.adopted);
-    assert_eq!(second.session, first.session);
-    // Cancel stops the session's processes and keeps the claim.
-    plugin
-        .cancel_bootstrap(&k, Some(&first.session))
-        .await
-        .expect("cancel");
-    assert!(!process_alive(&pid), "cancel stops the session's processes");
-    assert!(!pid_file.exists());
-    plugin
-        .cancel_bootstrap(&k, Some(&first.session))
-        .await
-        .expect("cancelling an ended session succeeds");
-    let third = plugin.start_bootstrap(&k, &request).await.expect("restart");
-    assert!(!third.adopted, "a cancelled session is started afresh");
-    let pid = std::fs::read_to_string(&pid_file).expect("the new session's pid");
-    assert!(process_alive(&pid));
-    plugin
-        .complete_bootstrap(&k, Some(&third.session))
-        .await
-        .expect("complete");
-    plugin
-        .destroy_node(&k, &lease.lease)
-        .await
-        .expect("destroy");
-    assert!(!process_alive(&pid), "destroy stops the claim's processes");
-
-    // A failing verify command starts nothing.
-    let k2 = key("boot", "w", 1, 2);
-    let failing = spec(
-        &k2,
-        BootParams {
-            verify_commands: vec!["true".into(), "false".into()],
-            start_command: "sleep 600".into(),
-            ..BootParams::default()
-        },
-    );
-    let lease2 = plugin.create_node(&k2, &failing).await.expect("create");
-    let request = BootstrapRequest {
-        spec: failing,
-        lease: lease2.lease.clone(),
         endpoint: Endpoint("unused".into()),
     };
-    match plugin.start_bootstrap(&k2, &request).await {
-        Err(PluginError::Definite(message)) => assert!(message.contains("#2"), "{message}"),
-        other => panic!("a failing verify command: {other:?}"),
+    match plugin.start_bootstrap(&k, &request).await {
+        Err(PluginError::Definite(message)) => {
+            assert!(message.contains("no node agent"), "{message}")
+        }
+        other => panic!("bootstrap without an agent: {other:?}"),
     }
-    assert!(!bed.hosts[0].claims().join("boot/w-1/a2/session").exists());
+    assert!(
+        !bed.hosts[0]
+            .claims()
+            .join("no-agent/w-0/a1/session")
+            .exists()
+    );
     plugin
-        .destroy_node(&k2, &lease2.lease)
+        .destroy_node(&k, &lease.lease)
         .await
         .expect("destroy");
 }

@@ -17,8 +17,9 @@ use provisioning::{
     BootParams, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeTemplate,
     ProviderShape, RunId, SwarmJoinTemplate,
 };
+use provisioning_process::RunSecret;
 use provisioning_provider::AttemptKey;
-use provisioning_ssh::{SshHost, SshPlugin, SshPluginConfig};
+use provisioning_ssh::{SshAgentConfig, SshHost, SshPlugin, SshPluginConfig};
 
 /// The OpenSSH server the testbed runs.
 pub const SSHD: &str = "/usr/sbin/sshd";
@@ -86,13 +87,17 @@ fn ip(args: &[&str]) {
 static NAMESPACES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// A network namespace joined to the root namespace by a veth pair:
-/// `10.213.{n}.1/30` on the root side, `10.213.{n}.2/30` inside. Dropping
-/// it deletes the link and the namespace, whatever was made of them.
+/// `10.213.{n}.1/30` on the root side, `10.213.{n}.2/30` inside, with its
+/// default route through the root side (so the host reaches the
+/// controller's listener on any root-side address). Dropping it deletes
+/// the link and the namespace, whatever was made of them.
 pub struct Netns {
     pub name: String,
     /// The root side of the veth pair (set it down to partition the host).
     pub link: String,
     pub address: Ipv4Addr,
+    /// The root side's address: where the host reaches the controller.
+    pub gateway: Ipv4Addr,
     made_ns: bool,
     made_link: bool,
 }
@@ -115,6 +120,7 @@ impl Netns {
             name: format!("pssh-{pid}-{n}"),
             link: format!("psv{pid}h{n}"),
             address,
+            gateway: Ipv4Addr::new(10, 213, subnet as u8, 1),
             made_ns: false,
             made_link: false,
         };
@@ -149,6 +155,8 @@ impl Netns {
         inside(&["addr", "add", &format!("{address}/30"), "dev", &peer]);
         inside(&["link", "set", &peer, "up"]);
         inside(&["link", "set", "lo", "up"]);
+        let gateway = netns.gateway.to_string();
+        inside(&["route", "add", "default", "via", &gateway]);
         netns
     }
 
@@ -342,6 +350,36 @@ impl Drop for SshdHost {
     }
 }
 
+/// Kills every process group a session under `claims` recorded (agents
+/// and their workloads, also after their agent died) and every agent whose
+/// boot file was below `claims`: what a failed test left running.
+pub fn kill_sessions_under(claims: &Path) {
+    let mut groups = Vec::new();
+    let runs = fs::read_dir(claims).into_iter().flatten().flatten();
+    for run in runs {
+        for node in fs::read_dir(run.path()).into_iter().flatten().flatten() {
+            for attempt in fs::read_dir(node.path()).into_iter().flatten().flatten() {
+                let pid =
+                    fs::read_to_string(attempt.path().join("session/pid")).unwrap_or_default();
+                if let Ok(pid) = pid.trim().parse::<u32>() {
+                    groups.push(pid);
+                }
+            }
+        }
+    }
+    groups.extend(agents_under(claims));
+    for pid in groups {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .stderr(Stdio::null())
+            .status();
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// N sshd hosts, a user key and a known-hosts file.
 pub struct Testbed {
     pub hosts: Vec<SshdHost>,
@@ -430,6 +468,48 @@ impl Testbed {
     pub fn plugin(&self, run: &str, slots: u32) -> Arc<SshPlugin> {
         Arc::new(SshPlugin::new(self.config(run, slots)).expect("valid config"))
     }
+
+    /// Where the hosts reach a listener of this process: loopback for
+    /// loopback hosts, else the root side of the first host's link.
+    pub fn controller_address(&self) -> Ipv4Addr {
+        self.hosts[0]
+            .netns
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, |netns| netns.gateway)
+    }
+
+    /// An agent configuration: `agent` (run with no arguments) joining a
+    /// listener on `listen` (port 0: any free port) of
+    /// [`Testbed::controller_address`].
+    pub fn agent_config(&self, agent: &str, secret: RunSecret, port: u16) -> SshAgentConfig {
+        let listen = std::net::SocketAddr::from((self.controller_address(), port));
+        let mut config = SshAgentConfig::new(agent, Vec::new(), secret, listen);
+        config.join_timeout = Duration::from_secs(30);
+        config.rejoin_grace = Duration::from_millis(500);
+        config.adopt_wait = Duration::from_secs(10);
+        config
+    }
+
+    /// A plugin over every host that bootstraps with the agent `agent`.
+    pub async fn agent_plugin(
+        &self,
+        run: &str,
+        slots: u32,
+        agent: SshAgentConfig,
+    ) -> Arc<SshPlugin> {
+        SshPlugin::start(self.config(run, slots), agent)
+            .await
+            .expect("start the ssh plugin")
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        // Agents run detached: a failed test must not leave them behind.
+        for host in &self.hosts {
+            kill_sessions_under(&host.claims());
+        }
+    }
 }
 
 pub fn key(run: &str, group: &str, index: u32, attempt: u64) -> AttemptKey {
@@ -456,4 +536,51 @@ pub fn spec(key: &AttemptKey, boot: BootParams) -> LogicalNodeSpec {
         key.run_id.clone(),
         Arc::new(template(boot)),
     )
+}
+
+/// Whether the process `pid` runs (a zombie waiting for a reaper does not).
+pub fn process_alive(pid: &str) -> bool {
+    let stat = Path::new("/proc").join(pid.trim()).join("stat");
+    fs::read_to_string(stat).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
+    })
+}
+
+/// The pids of live processes whose command line or environment contains
+/// `needle` (`/proc/*/cmdline`, `/proc/*/environ`).
+pub fn processes_mentioning(needle: &str) -> Vec<(u32, &'static str)> {
+    let mut found = Vec::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        for file in ["cmdline", "environ"] {
+            let Ok(bytes) = fs::read(entry.path().join(file)) else {
+                continue;
+            };
+            if String::from_utf8_lossy(&bytes).contains(needle) {
+                found.push((pid, file));
+            }
+        }
+    }
+    found
+}
+
+/// The live agents under claim root `claims`: pids of processes whose
+/// environment names a boot file below it.
+pub fn agents_under(claims: &Path) -> Vec<u32> {
+    let needle = format!("PROVISION_AGENT_BOOT_FILE={}", claims.display());
+    processes_mentioning(&needle)
+        .into_iter()
+        .filter(|(pid, file)| *file == "environ" && process_alive(&pid.to_string()))
+        .map(|(pid, _)| pid)
+        .collect()
 }
