@@ -980,7 +980,7 @@ impl ClusterDriver {
                 }
                 self.limit_state.counters.held_by_breaker += 1;
                 let wake = if now.reached(probe_at) {
-                    now.saturating_add(policy.cooldown)
+                    next_period_after(probe_at, policy.cooldown, now)
                 } else {
                     probe_at
                 };
@@ -1737,6 +1737,25 @@ impl ClusterDriver {
     }
 }
 
+/// The first instant after `now` on the grid of `period`s that starts at
+/// `start` (`now` itself for a zero period). A node held while a breaker's
+/// probe is out looks again once per cool-down; the grid is fixed by the
+/// probe's time, so a pass at any instant of one period sets the same timer
+/// and a forced pass over a settled driver moves no timer.
+fn next_period_after(start: Timestamp, period: Duration, now: Timestamp) -> Timestamp {
+    let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+    if period_ms == 0 {
+        return now;
+    }
+    let elapsed_ms = now.as_millis().saturating_sub(start.as_millis());
+    let periods = elapsed_ms / period_ms + 1;
+    Timestamp::from_millis(
+        start
+            .as_millis()
+            .saturating_add(periods.saturating_mul(period_ms)),
+    )
+}
+
 /// A history entry of `node`'s condition at `now`; a failed node's entry
 /// carries the failure's reason.
 fn history_entry(node: &ManagedNode, now: Timestamp) -> Transition {
@@ -1797,4 +1816,25 @@ fn build_request(node: &ManagedNode, kind: EffectKind) -> Result<EffectRequest, 
         EffectKind::CancelBootstrap => EffectRequest::CancelBootstrap { session: session() },
         EffectKind::DestroyLease => EffectRequest::DestroyLease { lease: lease()? },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_node_wakes_on_the_probes_grid_whatever_instant_the_pass_ran_at() {
+        let start = Timestamp::from_millis(1_000);
+        let period = Duration::from_millis(500);
+        let at = |ms| next_period_after(start, period, Timestamp::from_millis(ms));
+        assert_eq!(at(1_000), Timestamp::from_millis(1_500));
+        assert_eq!(at(1_001), Timestamp::from_millis(1_500));
+        assert_eq!(at(1_499), Timestamp::from_millis(1_500));
+        assert_eq!(at(1_500), Timestamp::from_millis(2_000));
+        assert_eq!(
+            next_period_after(start, Duration::ZERO, Timestamp::from_millis(1_234)),
+            Timestamp::from_millis(1_234),
+            "no period, no later instant"
+        );
+    }
 }
