@@ -67,6 +67,26 @@ pub struct FakeBackend {
     observations: Mutex<Vec<Observation>>,
     calls: CallRecorder,
     defects: BTreeSet<Defect>,
+    wrong_answers: Mutex<WrongAnswers>,
+}
+
+/// Scripted wrong answers: the targets of the next calls that answer with
+/// another method's output, oldest first, at most [`MAX_WRONG_ANSWERS`].
+#[derive(Debug, Default)]
+struct WrongAnswers {
+    targets: Vec<Option<EffectKind>>,
+    stopped: bool,
+}
+
+/// The most wrong answers scripted at once.
+const MAX_WRONG_ANSWERS: usize = 8;
+
+/// An output of another kind than `kind`'s: what a confused provider says.
+fn wrong_output(kind: EffectKind) -> EffectOutput {
+    match kind {
+        EffectKind::DestroyLease => EffectOutput::ConvergenceAcknowledged,
+        _ => EffectOutput::LeaseDestroyed,
+    }
 }
 
 impl FakeBackend {
@@ -88,11 +108,29 @@ impl FakeBackend {
             observations: Mutex::new(Vec::new()),
             calls: CallRecorder::new(),
             defects: defects.into_iter().collect(),
+            wrong_answers: Mutex::new(WrongAnswers::default()),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Ledger<ResourceKey, EffectKind>> {
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wrong_answers(&self) -> MutexGuard<'_, WrongAnswers> {
+        self.wrong_answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the oldest wrong answer scripted for `kind` (or for any call).
+    fn take_wrong_answer(&self, kind: EffectKind) -> bool {
+        let mut scripted = self.wrong_answers();
+        let found = scripted
+            .targets
+            .iter()
+            .position(|t| *t == Some(kind))
+            .or_else(|| scripted.targets.iter().position(Option::is_none));
+        found.map(|index| scripted.targets.remove(index)).is_some()
     }
 
     fn has(&self, defect: Defect) -> bool {
@@ -250,6 +288,12 @@ impl EffectBackend for FakeBackend {
         Box::pin(async move {
             let _in_flight = self.calls.start(operation);
             let kind = operation.kind();
+            if self.take_wrong_answer(kind) {
+                let mut ledger = self.lock();
+                return self
+                    .perform(&mut ledger, operation)
+                    .map(|_| wrong_output(kind));
+            }
             let fault = self.lock().take_script(kind, |f| f.applies_to(kind));
             if fault == Some(Fault::Hang) {
                 self.hangs.park().await;
@@ -310,8 +354,20 @@ impl Substrate for FakeSubstrate {
             && self.backend.lock().scripts.push(kind, fault)
     }
 
+    fn script_wrong_answer(&mut self, target: FaultTarget) -> bool {
+        let mut scripted = self.backend.wrong_answers();
+        if scripted.stopped || scripted.targets.len() >= MAX_WRONG_ANSWERS {
+            return false;
+        }
+        scripted.targets.push(target.kind());
+        true
+    }
+
     fn stop_faults(&mut self) {
         self.backend.lock().scripts.stop();
+        let mut scripted = self.backend.wrong_answers();
+        scripted.targets.clear();
+        scripted.stopped = true;
     }
 
     fn run_work(&mut self, step: WorkStep) -> usize {

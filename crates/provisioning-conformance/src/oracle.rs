@@ -623,6 +623,46 @@ pub(crate) fn g11_probe_is_not_failure(
     )
 }
 
+/// G12 (wrong-answer form): a create or bootstrap start answered with
+/// another method's output may have acted, so the driver remembers it as
+/// ambiguous (and re-issues it before anything destructive).
+pub(crate) fn g12_wrong_answer_is_ambiguous(
+    id: &LogicalNodeId,
+    after: &ManagedNode,
+    cause: &FoldCause<'_>,
+) -> Verdict {
+    let FoldCause::Result(result) = cause else {
+        return Ok(());
+    };
+    let wrong = result
+        .outcome
+        .as_ref()
+        .is_ok_and(|output| output.kind() != result.kind);
+    if !wrong
+        || !matches!(
+            result.kind,
+            EffectKind::CreateLease | EffectKind::StartBootstrap
+        )
+    {
+        return Ok(());
+    }
+    ensure(
+        after
+            .retry
+            .ambiguous
+            .as_ref()
+            .is_some_and(|a| a.kind == result.kind),
+        GuaranteeId::AdoptBeforeDestroy,
+        || {
+            format!(
+                "{} did not remember {} as ambiguous although the backend answered it with another method's output",
+                label(id, after),
+                cause.describe()
+            )
+        },
+    )
+}
+
 /// G12 (fold form): a remembered ambiguous operation is forgotten only when
 /// an operation of its kind answers, or — for a bootstrap start — when the
 /// stream reports an event of the same attempt's session, which proves the
@@ -1136,6 +1176,62 @@ pub(crate) fn g04_no_call_after_a_newer_one(
     }
     newest.insert(attempt, call.op);
     Ok(())
+}
+
+/// G05 (executor form): an operation handed to the executor again — as a
+/// host that retries a submission — is deduplicated: it is still running or
+/// waiting, its recorded result is replayed, or it is refused as stale. It
+/// never starts a second time.
+pub(crate) fn g05_resubmission_is_deduplicated(
+    operation: &provisioning::Operation,
+    outcome: &Result<provisioning::Submitted, provisioning::driver::SubmitError>,
+) -> Verdict {
+    use provisioning::Submitted;
+    use provisioning::driver::SubmitError;
+    let deduplicated = matches!(
+        outcome,
+        Ok(Submitted::AlreadyRunning | Submitted::Replayed) | Err(SubmitError::Stale(_))
+    );
+    ensure(deduplicated, GuaranteeId::SingleFlight, || {
+        format!(
+            "{} {} for {}, submitted again, was not deduplicated by the executor: {outcome:?}",
+            operation.kind(),
+            operation.id,
+            operation.node
+        )
+    })
+}
+
+/// G02 (executor form): what the executor publishes is accounted for: a
+/// result is of an operation handed to this executor, and a result of an
+/// operation the executor expired is its timeout (replayed), never the
+/// backend's late answer — caught here even though the driver would drop it.
+pub(crate) fn g02_published_result_is_accounted_for(
+    result: &ExecutorResult,
+    submitted: &BTreeSet<provisioning::OperationId>,
+    expired: &BTreeSet<provisioning::OperationId>,
+) -> Verdict {
+    ensure(
+        submitted.contains(&result.op),
+        GuaranteeId::Correlation,
+        || {
+            format!(
+                "the executor published a result of {} {} for {}, which was never submitted to it",
+                result.kind, result.op, result.node
+            )
+        },
+    )?;
+    ensure(
+        !expired.contains(&result.op)
+            || result.outcome == Err(provisioning::EffectError::timed_out()),
+        GuaranteeId::Correlation,
+        || {
+            format!(
+                "the executor published a late result of {} {} for {} after it expired the operation: {:?}",
+                result.kind, result.op, result.node, result.outcome
+            )
+        },
+    )
 }
 
 /// G05: no two calls of one attempt in flight at the backend at once.
@@ -1822,6 +1918,31 @@ mod tests {
             node: LogicalNodeId::new(GroupId::new("a"), 0),
             kind: EffectKind::CreateLease,
             overlapping: 0,
+        }
+    }
+
+    #[test]
+    fn the_executor_may_publish_for_an_expired_operation_only_its_timeout() {
+        let op = call(1, 1).op;
+        let result = |outcome| ExecutorResult {
+            op,
+            node: LogicalNodeId::new(GroupId::new("a"), 0),
+            kind: EffectKind::CreateLease,
+            outcome,
+        };
+        let late = result(Ok(EffectOutput::ConvergenceAcknowledged));
+        let timeout = result(Err(provisioning::EffectError::timed_out()));
+        let submitted = BTreeSet::from([op]);
+        let expired = BTreeSet::from([op]);
+        let none = BTreeSet::new();
+        assert!(g02_published_result_is_accounted_for(&late, &submitted, &none).is_ok());
+        assert!(g02_published_result_is_accounted_for(&timeout, &submitted, &expired).is_ok());
+        for (result, submitted) in [(&late, &submitted), (&timeout, &none)] {
+            let verdict = g02_published_result_is_accounted_for(result, submitted, &expired);
+            assert_eq!(
+                verdict.map_err(|b| b.guarantee),
+                Err(GuaranteeId::Correlation)
+            );
         }
     }
 

@@ -303,6 +303,15 @@ pub trait Substrate {
     /// substrate cannot produce this fault (the input is then a no-op).
     fn script(&mut self, target: FaultTarget, fault: Fault) -> bool;
 
+    /// Scripts the next call matching `target` to do its work and answer
+    /// with another method's output. Returns `false` when the substrate
+    /// cannot (the input is then a no-op) — the default: a provider behind
+    /// the plugin seam cannot answer one method with another's output.
+    fn script_wrong_answer(&mut self, target: FaultTarget) -> bool {
+        let _ = target;
+        false
+    }
+
     /// Drops every scripted fault and scripts no more (the fair tail).
     fn stop_faults(&mut self);
 

@@ -336,6 +336,21 @@ pub enum Input {
     },
     /// Release the oldest hung backend call; its work happens now.
     Release,
+    /// The host submits the `back`-th most recent operation it handed to
+    /// the executor once more, as a host that retries a submission would.
+    /// The executor must deduplicate it (running, replayed, or refused as
+    /// stale) — never run it a second time at the backend.
+    Resubmit {
+        /// How far back (modulo how many operations are remembered).
+        back: u32,
+    },
+    /// The next backend call matching `target` does its work and answers
+    /// with another method's output; the driver must take that as an
+    /// ambiguous failure (the provider may have acted).
+    Confuse {
+        /// Which call.
+        target: FaultTarget,
+    },
     /// The `ready`-th ready node loses its agent or its lease.
     Lose {
         /// Which ready node (modulo the number of ready nodes).
@@ -398,6 +413,8 @@ impl Input {
             Input::Stream { .. } => InputKind::Stream,
             Input::Redeliver { .. } => InputKind::Redeliver,
             Input::Release => InputKind::Release,
+            Input::Resubmit { .. } => InputKind::Resubmit,
+            Input::Confuse { .. } => InputKind::Confuse,
             Input::Lose { .. } => InputKind::Lose,
             Input::Crash => InputKind::Crash,
             Input::Limit(_) => InputKind::Limit,
@@ -458,6 +475,14 @@ impl Input {
             Input::Redeliver { back } => {
                 out.extend(smaller(back).map(|back| Input::Redeliver { back }));
             }
+            Input::Resubmit { back } => {
+                out.extend(smaller(back).map(|back| Input::Resubmit { back }));
+            }
+            Input::Confuse {
+                target: FaultTarget::Kind(_),
+            } => out.push(Input::Confuse {
+                target: FaultTarget::Any,
+            }),
             Input::Lose { ready, cause } => {
                 out.extend(smaller(ready).map(|ready| Input::Lose { ready, cause }));
             }
@@ -516,11 +541,15 @@ pub enum InputKind {
     Crash,
     /// [`Input::Limit`].
     Limit,
+    /// [`Input::Resubmit`].
+    Resubmit,
+    /// [`Input::Confuse`].
+    Confuse,
 }
 
 impl InputKind {
     /// Every kind, in order.
-    pub const ALL: [InputKind; 11] = [
+    pub const ALL: [InputKind; 13] = [
         InputKind::Tick,
         InputKind::Desire,
         InputKind::Revision,
@@ -532,6 +561,8 @@ impl InputKind {
         InputKind::Lose,
         InputKind::Crash,
         InputKind::Limit,
+        InputKind::Resubmit,
+        InputKind::Confuse,
     ];
 
     /// The keyword that starts an input of this kind in the text form.
@@ -548,6 +579,8 @@ impl InputKind {
             InputKind::Lose => "lose",
             InputKind::Crash => "crash",
             InputKind::Limit => "limit",
+            InputKind::Resubmit => "resubmit",
+            InputKind::Confuse => "confuse",
         }
     }
 }
@@ -648,6 +681,8 @@ impl fmt::Display for Input {
             Input::Stream { session, event } => write!(f, "stream @{session} {event}"),
             Input::Redeliver { back } => write!(f, "redeliver {back}"),
             Input::Release => f.write_str("release"),
+            Input::Resubmit { back } => write!(f, "resubmit {back}"),
+            Input::Confuse { target } => write!(f, "confuse {target}"),
             Input::Lose { ready, cause } => write!(f, "lose @{ready} {}", loss_name(*cause)),
             Input::Crash => f.write_str("crash"),
             Input::Limit(LimitChange::Cap { count }) => write!(f, "limit cap {count}"),
@@ -895,6 +930,12 @@ fn parse_input(keyword: &str, words: &mut Words<'_>) -> Result<Input, ParseError
             back: parse_u32(words.next("history index")?, "history index")?,
         },
         "release" => Input::Release,
+        "resubmit" => Input::Resubmit {
+            back: parse_u32(words.next("submission index")?, "submission index")?,
+        },
+        "confuse" => Input::Confuse {
+            target: parse_fault_target(words.next("fault target")?)?,
+        },
         "crash" => Input::Crash,
         "limit" => Input::Limit(match words.next("limit")? {
             "cap" => LimitChange::Cap {
@@ -1020,6 +1061,13 @@ mod tests {
                 cooldown_ms: 5_000,
             }),
             Input::Redeliver { back: 7 },
+            Input::Resubmit { back: 2 },
+            Input::Confuse {
+                target: FaultTarget::Any,
+            },
+            Input::Confuse {
+                target: FaultTarget::Kind(EffectKind::StartBootstrap),
+            },
             Input::Run(WorkStep::Fifo),
             Input::Run(WorkStep::Lifo),
             Input::Run(WorkStep::One(3)),

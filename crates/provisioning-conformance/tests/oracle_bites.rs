@@ -162,6 +162,9 @@ enum Flaw {
     /// A lease's facts are folded but the stage stays where it was: the
     /// node hides the lease it holds.
     StageIgnoresLease,
+    /// A backend answer of another method's output is folded as a definite
+    /// failure instead of an ambiguous one.
+    TrustsWrongAnswers,
 }
 
 struct Broken {
@@ -432,6 +435,16 @@ impl DriverUnderTest for Broken {
                 rewritten.kind = pending.kind;
                 return self.inner.apply_executor_result(&rewritten, now);
             }
+        }
+        if self.flaw == Flaw::TrustsWrongAnswers
+            && result
+                .outcome
+                .as_ref()
+                .is_ok_and(|output| output.kind() != result.kind)
+        {
+            let mut definite = result.clone();
+            definite.outcome = Err(provisioning::EffectError::definite("a wrong answer"));
+            return self.inner.apply_executor_result(&definite, now);
         }
         let folded = self.inner.apply_executor_result(result, now);
         if self.flaw == Flaw::StageIgnoresLease {
@@ -840,4 +853,50 @@ fn a_driver_that_times_out_a_tick_late_is_caught_as_g25() {
 fn a_stage_that_hides_the_lease_it_holds_is_caught_as_g32() {
     let failure = first_failure(broken_battery(Flaw::StageIgnoresLease));
     check_caught(&failure, &[GuaranteeId::StageCoherence]);
+}
+
+#[test]
+fn a_driver_that_trusts_an_answer_of_another_method_is_caught_as_g12() {
+    let confused: Trace = "run fifo; confuse start-bootstrap; run fifo; run fifo; run fifo"
+        .parse()
+        .unwrap();
+    let battery = broken_battery(Flaw::TrustsWrongAnswers)
+        .seeds([])
+        .traces([confused.clone()]);
+    check_caught(&first_failure(battery), &[GuaranteeId::AdoptBeforeDestroy]);
+    // The real driver takes the wrong answer as ambiguous and adopts.
+    let report = Battery::new("wrong answers are ambiguous", FakeSubstrate::new)
+        .seeds([])
+        .traces([confused])
+        .require_vacuity(false)
+        .run();
+    assert!(
+        report.failures.is_empty(),
+        "{:?}",
+        report.failures.first().map(ToString::to_string)
+    );
+}
+
+#[test]
+fn the_real_executor_deduplicates_every_resubmitted_operation() {
+    use provisioning_conformance::{Stepper, default_shape};
+    let trace: Trace = "resubmit 0; run fifo; resubmit 0; resubmit 1; run fifo; resubmit 3; \
+                        script any hang; run fifo; resubmit 0; tick 30000ms; resubmit 0; \
+                        resubmit 2; run fifo; stream @0 joined; stream @1 joined; run fifo; \
+                        resubmit 1; resubmit 5"
+        .parse()
+        .unwrap();
+    let mut stepper = Stepper::new(FakeSubstrate::new(), default_shape(), Mode::Fair).unwrap();
+    for input in &trace.inputs {
+        if let Err(violation) = stepper.step(input) {
+            panic!("{violation}");
+        }
+    }
+    assert!(
+        stepper.vacuity().resubmissions >= 8,
+        "{:?}",
+        stepper.vacuity()
+    );
+    let tail = stepper.run_fair_tail();
+    assert!(tail.converged, "{}", tail.pending_description);
 }

@@ -137,6 +137,9 @@ impl<S: Substrate> Harness<S> {
         let expired = via_executor
             .then(|| self.executor.expire(item.op))
             .flatten();
+        if expired.is_some() {
+            self.executor_watch.expired.insert(item.op);
+        }
         let (outcome, result) = match expired {
             Some(result) => (self.driver.apply_executor_result(&result, now), result),
             None => {

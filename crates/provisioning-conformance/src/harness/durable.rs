@@ -369,11 +369,15 @@ impl<S: Substrate> Harness<S> {
     ) -> Result<(), Violation> {
         for attempt in batch.retired {
             self.executor.retire(attempt);
+            self.executor_watch.retired.insert(attempt);
         }
         for operation in batch.operations {
             let refused = match &committed {
                 Ok(()) => match self.executor.submit(operation.clone()) {
-                    Ok(_) => continue,
+                    Ok(_) => {
+                        self.watch_submission(operation);
+                        continue;
+                    }
                     Err(refused) => format!("submission refused: {refused}"),
                 },
                 Err(error) => format!("the journal could not be written: {error}"),
@@ -450,6 +454,9 @@ impl<S: Substrate> Harness<S> {
         self.durable.late_dropped_before += self.executor.counters().late_dropped;
         self.durable.control.lock().live_epoch += 1;
         let _lost = self.substrate.take_observations();
+        // The new executor knows nothing of the old one's operations.
+        self.executor_watch.recent.clear();
+        self.executor_watch.expired.clear();
         self.executor = Harness::controller_executor(&self.substrate, &self.durable.control);
         self.driver = driver;
         // The limits are configuration: the new controller is given them too.

@@ -74,6 +74,7 @@ impl<S: Substrate> Harness<S> {
             slots: model.slots(),
             attempts: oracle::AttemptsSeen::default(),
             failures: BTreeMap::new(),
+            executor_watch: super::ExecutorWatch::default(),
             model,
             generation: first_generation.saturating_sub(1),
             history: VecDeque::new(),
@@ -298,6 +299,10 @@ impl<S: Substrate> Harness<S> {
             Input::Release => {
                 self.substrate.release_oldest_hang();
             }
+            Input::Resubmit { back } => self.resubmit(back)?,
+            Input::Confuse { target } => {
+                self.substrate.script_wrong_answer(target);
+            }
             Input::Limit(change) => {
                 self.change_limit(change);
                 self.driver.set_limits(self.limits.clone());
@@ -325,6 +330,37 @@ impl<S: Substrate> Harness<S> {
             }
         }
         self.settle()
+    }
+
+    /// Remembers an operation the executor accepted.
+    pub(super) fn watch_submission(&mut self, operation: provisioning::Operation) {
+        let watch = &mut self.executor_watch;
+        watch.submitted.insert(operation.id);
+        if watch.recent.len() >= MAX_HISTORY {
+            watch.recent.pop_front();
+        }
+        watch.recent.push_back(operation);
+    }
+
+    /// Hands the `back`-th most recent operation of an attempt the executor
+    /// still keeps to the executor once more: it must not run it again.
+    fn resubmit(&mut self, back: u32) -> Result<(), Violation> {
+        let watch = &self.executor_watch;
+        let candidates: Vec<&provisioning::Operation> = watch
+            .recent
+            .iter()
+            .rev()
+            .filter(|op| !watch.retired.contains(&op.attempt()))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let operation = candidates[back as usize % candidates.len()].clone();
+        let outcome = self.executor.submit(operation.clone());
+        self.vacuity.resubmissions += 1;
+        self.check(oracle::g05_resubmission_is_deduplicated(
+            &operation, &outcome,
+        ))
     }
 
     fn submit_shape(&mut self) -> Result<(), Violation> {
@@ -393,6 +429,11 @@ impl<S: Substrate> Harness<S> {
         for _ in 0..MAX_SETTLE_ROUNDS {
             let mut progressed = false;
             for result in self.executor.take_results() {
+                self.check(oracle::g02_published_result_is_accounted_for(
+                    &result,
+                    &self.executor_watch.submitted,
+                    &self.executor_watch.expired,
+                ))?;
                 self.deliver_result(result)?;
                 progressed = true;
             }
@@ -765,6 +806,7 @@ impl<S: Substrate> Harness<S> {
                 )
             })
             .and_then(|()| oracle::g11_probe_is_not_failure(id, before, after, cause))
+            .and_then(|()| oracle::g12_wrong_answer_is_ambiguous(id, after, cause))
             .and_then(|()| {
                 oracle::g12_ambiguity_forgotten_only_by_an_answer(id, before, after, cause)
             });

@@ -191,6 +191,9 @@ pub struct Vacuity {
     pub breakers_opened: u64,
     /// A breaker let a probe attempt through (the driver's count).
     pub breaker_probes: u64,
+    /// An operation was handed to the executor a second time
+    /// ([`Input::Resubmit`](crate::trace::Input::Resubmit); informational).
+    pub resubmissions: u64,
     /// Runs whose substrate survives a controller crash; the three counts
     /// above are required only when some run's did.
     pub crash_capable_runs: u64,
@@ -253,6 +256,7 @@ impl Vacuity {
         self.budget_held += other.budget_held;
         self.breakers_opened += other.breakers_opened;
         self.breaker_probes += other.breaker_probes;
+        self.resubmissions += other.resubmissions;
     }
 }
 
@@ -391,6 +395,16 @@ pub use stepper::{
     BuildError, StepReport, Stepper, StepperBuilder, TailOutcome, default_shape, kit_template,
 };
 
+/// What the harness host handed to the executor, for the checks on what the
+/// executor publishes and for [`Input::Resubmit`](crate::trace::Input::Resubmit).
+#[derive(Debug, Default)]
+struct ExecutorWatch {
+    recent: VecDeque<provisioning::Operation>,
+    submitted: BTreeSet<OperationId>,
+    expired: BTreeSet<OperationId>,
+    retired: BTreeSet<NodeAttemptId>,
+}
+
 #[derive(Clone, Debug)]
 enum Delivery {
     Result(ExecutorResult),
@@ -419,6 +433,10 @@ struct Harness<S: Substrate> {
     /// The kit's own count of consecutive failures per slot: carried into
     /// a replacement, reset when the slot's node becomes ready (G09).
     failures: BTreeMap<LogicalNodeId, u32>,
+    /// The executor seen from outside: the operations handed to it (most
+    /// recent last, for `resubmit`), every id handed to it, the ids it
+    /// expired, and the attempts retired from it.
+    executor_watch: ExecutorWatch,
     generation: u64,
     history: VecDeque<Delivery>,
     timed_out: BTreeSet<OperationId>,
@@ -474,6 +492,7 @@ mod tests {
             min_inputs: 24,
             max_inputs: 24,
             edges_per_mille: 0,
+            executor_inputs_per_mille: 0,
         };
         let limits = [Some(0), Some(1), Some(2), None];
         let clocks = [0, u64::MAX, u64::MAX - 1, u64::MAX - 30_000];
