@@ -214,6 +214,8 @@ pub(crate) struct ShapeSource {
     pub(crate) limits: Limits,
     /// The provider program serving `provider = "exec"`, when declared.
     pub(crate) exec: Option<ExecSettings>,
+    /// The inventory serving `provider = "ssh"`, when declared.
+    pub(crate) ssh: Option<crate::ssh_provider::SshSettings>,
 }
 
 /// `[providers.exec]`: the program and its call timeout.
@@ -280,6 +282,8 @@ struct FileProviders {
     process: FileProcessProvider,
     #[serde(default)]
     exec: Option<Spanned<FileExecProvider>>,
+    #[serde(default)]
+    ssh: Option<Spanned<crate::ssh_provider::FileSshProvider>>,
 }
 
 /// `[providers.exec]`: a provider program speaking docs/plugin-protocol.md.
@@ -496,6 +500,16 @@ pub(crate) fn parse(
     if exec.is_some() && !served.contains(&EXEC_PROVIDER) {
         served.push(EXEC_PROVIDER);
     }
+    let ssh = match &document.providers.ssh {
+        Some(table) => Some(
+            crate::ssh_provider::check(path, &run_id, table)
+                .map_err(|e| at.error(e.span, Some(e.field), e.message))?,
+        ),
+        None => None,
+    };
+    if ssh.is_some() && !served.contains(&crate::ssh_provider::SSH_PROVIDER) {
+        served.push(crate::ssh_provider::SSH_PROVIDER);
+    }
     let providers = served.as_slice();
     let mut groups = Vec::with_capacity(document.groups.len());
     let mut limits = Limits::default();
@@ -548,6 +562,7 @@ pub(crate) fn parse(
         groups: shape.groups,
         limits,
         exec,
+        ssh,
         process: ProcessSettings {
             detached,
             log_dir: process.log_dir.as_ref().map(|d| PathBuf::from(d.get_ref())),

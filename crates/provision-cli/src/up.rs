@@ -219,9 +219,12 @@ async fn start_host(
     shutdown_timeout: Duration,
     metrics: bool,
 ) -> anyhow::Result<Host> {
-    let mut plugins = local::start_plugins(run_id, secret, &source.process).await?;
+    let mut plugins = local::start_plugins(run_id, secret.clone(), &source.process).await?;
     if let Some(exec) = &source.exec {
         plugins.push(local::start_exec(exec).await?);
+    }
+    if let Some(ssh) = &source.ssh {
+        plugins.push(crate::ssh_provider::start_ssh(run_id, secret, ssh).await?);
     }
     let mut config = HostConfig::new(run_id.clone());
     config.limits = limits;
@@ -301,6 +304,7 @@ pub(crate) async fn down_from_state(
                 process: shape_file::ProcessSettings::default(),
                 limits: provisioning::Limits::default(),
                 exec: None,
+                ssh: None,
             }
         }
     };
