@@ -55,32 +55,6 @@ pub enum Rule {
     StartBootstrap,
 }
 
-impl Rule {
-    /// The row number in the specification's ladder (0 for `Insert`; 6 for the
-    /// cleanup-backoff precondition of rows 6–9).
-    pub fn row(self) -> u8 {
-        match self {
-            Rule::Insert => 0,
-            Rule::Reap => 1,
-            Rule::Restart => 2,
-            Rule::AwaitRestart => 3,
-            Rule::BeginDelete => 4,
-            Rule::AwaitOperation => 5,
-            Rule::AwaitCleanupBackoff | Rule::ReissueAmbiguous => 6,
-            Rule::CancelBootstrap => 7,
-            Rule::DestroyLease => 8,
-            Rule::MarkDestroyed => 9,
-            Rule::AwaitBackoff => 10,
-            Rule::Steady => 11,
-            Rule::CreateLease => 12,
-            Rule::LookupEndpoint => 13,
-            Rule::ObserveConvergence => 14,
-            Rule::AwaitBootstrap => 15,
-            Rule::StartBootstrap => 16,
-        }
-    }
-}
-
 /// What the driver does for one node in one pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NodeAction {
@@ -98,21 +72,6 @@ pub enum NodeAction {
     MarkDestroyed,
     /// Record an operation pending and submit it.
     Dispatch(EffectKind),
-}
-
-impl NodeAction {
-    /// Whether the action is a driver transition (it completes the node's
-    /// step; the follow-on effect comes in a later pass).
-    pub fn is_transition(self) -> bool {
-        matches!(
-            self,
-            NodeAction::Insert
-                | NodeAction::Reap
-                | NodeAction::Restart
-                | NodeAction::BeginDelete
-                | NodeAction::MarkDestroyed
-        )
-    }
 }
 
 /// When a waiting node wants to be looked at again.
