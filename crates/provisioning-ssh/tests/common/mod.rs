@@ -160,6 +160,18 @@ impl Netns {
         netns
     }
 
+    /// The pids of the processes running in the namespace (`ip netns pids`).
+    pub fn pids(&self) -> Vec<u32> {
+        let output = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+            .expect("ip netns pids");
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .filter_map(|pid| pid.parse().ok())
+            .collect()
+    }
+
     /// Cuts the host off: its link goes down.
     pub fn partition(&self) {
         ip(&["link", "set", &self.link, "down"]);
@@ -332,6 +344,26 @@ impl SshdHost {
     /// The claim root on this host.
     pub fn claims(&self) -> PathBuf {
         self.dir.join("claims")
+    }
+
+    /// The claims of `run` on this host, as `{node}/a{attempt}`.
+    pub fn claims_of(&self, run: &str) -> Vec<String> {
+        let mut claims = Vec::new();
+        for node in fs::read_dir(self.claims().join(run))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for attempt in fs::read_dir(node.path()).into_iter().flatten().flatten() {
+                claims.push(format!(
+                    "{}/{}",
+                    node.file_name().to_string_lossy(),
+                    attempt.file_name().to_string_lossy()
+                ));
+            }
+        }
+        claims.sort();
+        claims
     }
 
     /// The known-hosts line of this host.

@@ -1,0 +1,489 @@
+//! End-to-end over SSH: the real `provision up` binary against a testbed of
+//! four real `sshd` hosts, each in a network namespace of its own with its
+//! own address (the testbed of `crates/provisioning-ssh/tests/common`). The
+//! agent is the `provision` binary itself, uploaded to every host; agents
+//! join the controller's swarm listener on the root side of the first
+//! host's link. Every wait is bounded; the testbed (sshd, namespaces,
+//! agents, files) and `up` are torn down in `Drop`, also when a test fails.
+
+#[path = "../../provisioning-ssh/tests/common/mod.rs"]
+mod common;
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::{Testbed, agents_under, process_alive};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use provisioning::RunId;
+use provisioning_process::os;
+use serde_json::Value;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_provision");
+/// The bound on convergence (the first bring-up uploads the agent).
+const CONVERGE_BOUND: Duration = Duration::from_secs(180);
+/// The bound on `up` exiting after it was asked to.
+const EXIT_BOUND: Duration = Duration::from_secs(90);
+/// The bound on one short command.
+const COMMAND_BOUND: Duration = Duration::from_secs(30);
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+const HOSTS: usize = 4;
+const NODES: usize = 4;
+
+/// `provision up` over a testbed. Dropping it kills `up`, then the
+/// testbed kills every agent, sshd and namespace.
+struct SshCluster {
+    up: Option<Child>,
+    run: String,
+    dir: tempfile::TempDir,
+    // Last: torn down after `up` is dead.
+    bed: Testbed,
+}
+
+impl SshCluster {
+    fn new(test: &str) -> Self {
+        let bed = Testbed::start_netns(HOSTS);
+        let dir = tempfile::Builder::new()
+            .prefix("provision-e2e-ssh-")
+            .tempdir()
+            .expect("a temporary directory");
+        let run = format!("e2e-ssh-{test}-{}", std::process::id());
+        let port = std::net::TcpListener::bind((bed.controller_address(), 0))
+            .and_then(|l| l.local_addr())
+            .expect("a free port for the swarm listener")
+            .port();
+        let cluster = SshCluster {
+            up: None,
+            run,
+            dir,
+            bed,
+        };
+        fs::write(cluster.file(), cluster.shape(port)).expect("write the shape file");
+        cluster
+    }
+
+    fn shape(&self, port: u16) -> String {
+        let mut text = format!(
+            "run = \"{run}\"\n\n[providers.ssh]\nknown_hosts = \"{known}\"\nlisten = \"{listen}:{port}\"\n\
+             ssh_config = \"/dev/null\"\njoin_timeout_secs = 60\n",
+            run = self.run,
+            known = self.bed.known_hosts.display(),
+            listen = self.bed.controller_address(),
+        );
+        for host in &self.bed.hosts {
+            text.push_str(&format!(
+                "\n[[providers.ssh.host]]\nname = \"{name}\"\naddress = \"{address}\"\nuser = \"{user}\"\n\
+                 identity_file = \"{identity}\"\nslots = 2\nclaim_root = \"{claims}\"\n",
+                name = host.name,
+                address = host.address,
+                user = self.bed.user,
+                identity = self.bed.identity.display(),
+                claims = host.claims().display(),
+            ));
+        }
+        text.push_str(&format!(
+            "\n[[group]]\nid = \"web\"\ncount = {NODES}\nprovider = \"ssh\"\n[group.boot]\n\
+             verify_commands = [\"test -d /proc/self\"]\nstart_command = \"sleep 3600\"\n"
+        ));
+        text
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.path().join("ssh.toml")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BINARY);
+        command
+            .args(args)
+            .env("PROVISION_SOCKET_DIR", self.dir.path().join("sockets"))
+            .env("PROVISION_STATE_DIR", self.dir.path().join("state"))
+            .env_remove("PROVISION_SOCKET")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn start(&mut self) {
+        let append = |name: &str| {
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.path().join(name))
+                .expect("output file")
+        };
+        let child = self
+            .command(&[])
+            .args(["up", "--plain", "--shutdown-timeout", "60"])
+            .arg(self.file())
+            .stdout(append("up.out"))
+            .stderr(append("up.err"))
+            .spawn()
+            .expect("start provision up");
+        self.up = Some(child);
+    }
+
+    fn up_output(&self) -> String {
+        let read = |name: &str| fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        let err = read("up.err");
+        let tail: Vec<&str> = err.lines().rev().take(80).collect();
+        format!(
+            "--- up stdout ---\n{}\n--- up stderr (last 80 lines) ---\n{}",
+            read("up.out"),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    fn run_command(&self, args: &[&str]) -> Output {
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start provision");
+        let deadline = Instant::now() + COMMAND_BOUND;
+        loop {
+            if child.try_wait().expect("poll").is_some() {
+                return child.wait_with_output().expect("output");
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("provision {args:?} did not finish in {COMMAND_BOUND:?}");
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn status(&self) -> Option<Value> {
+        let output = self.run_command(&["status", "--json", "--run", &self.run]);
+        output
+            .status
+            .success()
+            .then(|| serde_json::from_slice(&output.stdout).expect("status --json is JSON"))
+    }
+
+    fn wait_for(&mut self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + CONVERGE_BOUND;
+        let mut last = None;
+        loop {
+            if let Some(status) = self.status() {
+                if done(&status) {
+                    return status;
+                }
+                last = Some(status);
+            }
+            if let Some(child) = self.up.as_mut()
+                && let Ok(Some(exit)) = child.try_wait()
+            {
+                panic!(
+                    "up exited ({exit}) while waiting for {what}\n{}",
+                    self.up_output()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; last status: {last:#?}\n{}",
+                self.up_output()
+            );
+            sleep(POLL_INTERVAL);
+        }
+    }
+
+    fn wait_converged(&mut self) -> Value {
+        self.wait_for("convergence with every node ready", |s| {
+            s["converged"] == Value::Bool(true) && ready(s) == NODES
+        })
+    }
+
+    fn signal_up(&self, signal: Signal) {
+        let pid = self.up.as_ref().expect("up runs").id();
+        kill(Pid::from_raw(i32::try_from(pid).expect("pid")), signal).expect("signal up");
+    }
+
+    fn wait_up_exit(&mut self) -> ExitStatus {
+        let mut child = self.up.take().expect("up runs");
+        let deadline = Instant::now() + EXIT_BOUND;
+        loop {
+            if let Some(exit) = child.try_wait().expect("poll up") {
+                return exit;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("up did not exit in time\n{}", self.up_output());
+            }
+            sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// Every live agent of the testbed, by host: pids of processes in the
+    /// host's namespace whose environment names a boot file under its
+    /// claim root.
+    fn agents(&self) -> Vec<Vec<u32>> {
+        self.bed
+            .hosts
+            .iter()
+            .map(|host| {
+                let in_namespace = host.netns.as_ref().expect("a namespaced host").pids();
+                let mut agents: Vec<u32> = agents_under(&host.claims())
+                    .into_iter()
+                    .filter(|pid| in_namespace.contains(pid))
+                    .collect();
+                agents.sort_unstable();
+                agents
+            })
+            .collect()
+    }
+
+    fn agent_count(&self) -> usize {
+        self.agents().iter().map(Vec::len).sum()
+    }
+
+    /// Every claim of the run on the testbed, by host.
+    fn claims(&self) -> Vec<Vec<String>> {
+        self.bed
+            .hosts
+            .iter()
+            .map(|h| h.claims_of(&self.run))
+            .collect()
+    }
+
+    /// The agent pid of each node `{node}/a{attempt}`, from the session pid
+    /// files on the hosts.
+    fn agent_pids(&self) -> Vec<(String, String)> {
+        let mut pids = Vec::new();
+        for host in &self.bed.hosts {
+            for claim in host.claims_of(&self.run) {
+                let file = host
+                    .claims()
+                    .join(&self.run)
+                    .join(&claim)
+                    .join("session/pid");
+                if let Ok(pid) = fs::read_to_string(file) {
+                    pids.push((claim, pid.trim().to_owned()));
+                }
+            }
+        }
+        pids.sort();
+        pids
+    }
+
+    /// Waits (bounded) until no agent and no claim of the run is left.
+    fn assert_nothing_left(&self) {
+        let deadline = Instant::now() + COMMAND_BOUND;
+        while (self.agent_count() > 0 || self.claims().iter().any(|c| !c.is_empty()))
+            && Instant::now() < deadline
+        {
+            sleep(POLL_INTERVAL);
+        }
+        assert_eq!(self.agents(), vec![Vec::<u32>::new(); HOSTS], "agents left");
+        assert_eq!(
+            self.claims(),
+            vec![Vec::<String>::new(); HOSTS],
+            "claims left"
+        );
+        assert_eq!(
+            os::run_processes(&RunId::new(self.run.as_str())).expect("read /proc"),
+            Vec::new(),
+            "workloads left"
+        );
+    }
+}
+
+impl Drop for SshCluster {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.up.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = os::kill_run(&RunId::new(self.run.as_str()), Duration::from_secs(10));
+    }
+}
+
+fn nodes(status: &Value) -> Vec<(String, u64, bool)> {
+    status["nodes"]
+        .as_array()
+        .expect("nodes is an array")
+        .iter()
+        .map(|n| {
+            (
+                n["id"].as_str().expect("id").to_owned(),
+                n["attempt"].as_u64().expect("attempt"),
+                n["ready"].as_bool().expect("ready"),
+            )
+        })
+        .collect()
+}
+
+fn ready(status: &Value) -> usize {
+    nodes(status).iter().filter(|n| n.2).count()
+}
+
+#[test]
+fn an_ssh_fleet_converges_replaces_a_killed_agent_and_ctrl_c_leaves_nothing() {
+    let mut cluster = SshCluster::new("fleet");
+    cluster.start();
+    let status = cluster.wait_converged();
+    let before = nodes(&status);
+    assert_eq!(before.len(), NODES);
+    assert_eq!(cluster.agent_count(), NODES, "{:?}", cluster.agents());
+    // Two slots per host, filled in inventory order.
+    let per_host: Vec<usize> = cluster.claims().iter().map(Vec::len).collect();
+    assert_eq!(per_host.iter().sum::<usize>(), NODES, "{per_host:?}");
+
+    // SIGKILL one remote agent, found in its host's namespace.
+    let (host, victim) = cluster
+        .agents()
+        .into_iter()
+        .enumerate()
+        .find_map(|(i, pids)| pids.first().map(|pid| (i, *pid)))
+        .expect("an agent");
+    let victim_claim = cluster
+        .agent_pids()
+        .into_iter()
+        .find(|(_, pid)| *pid == victim.to_string())
+        .map(|(claim, _)| claim)
+        .expect("the victim's claim");
+    let node = victim_claim.split('/').next().expect("node").to_owned();
+    let old_attempt = before
+        .iter()
+        .find(|n| n.0 == node)
+        .map(|n| n.1)
+        .expect("the victim's node");
+    eprintln!(
+        "killing agent {victim} of {victim_claim} on {}",
+        cluster.bed.hosts[host].name
+    );
+    kill(
+        Pid::from_raw(i32::try_from(victim).expect("pid")),
+        Signal::SIGKILL,
+    )
+    .expect("kill the agent");
+    let status = cluster.wait_for("the killed agent's node to be replaced", |s| {
+        s["converged"] == Value::Bool(true)
+            && ready(s) == NODES
+            && nodes(s)
+                .iter()
+                .any(|n| n.0 == node && n.1 > old_attempt && n.2)
+    });
+    assert_eq!(nodes(&status).len(), NODES);
+    assert!(!process_alive(&victim.to_string()));
+    assert_eq!(
+        cluster.agent_count(),
+        NODES,
+        "exactly the declared agents after the replacement: {:?}",
+        cluster.agents()
+    );
+    assert_eq!(
+        cluster.claims().iter().map(Vec::len).sum::<usize>(),
+        NODES,
+        "the lost node's claim was released: {:?}",
+        cluster.claims()
+    );
+
+    // Ctrl-C: every node is torn down, nothing is left on any host.
+    cluster.signal_up(Signal::SIGINT);
+    let exit = cluster.wait_up_exit();
+    assert!(exit.success(), "{exit}\n{}", cluster.up_output());
+    cluster.assert_nothing_left();
+}
+
+#[test]
+fn after_kill_9_of_up_mid_bring_up_a_restart_adopts_the_running_agents() {
+    let mut cluster = SshCluster::new("restart");
+    cluster.start();
+    // Mid-bring-up: some nodes ready, not all (or all, on a fast machine).
+    let status = cluster.wait_for("the first ready nodes", |s| ready(s) >= 2);
+    let ready_before: Vec<(String, u64)> = nodes(&status)
+        .into_iter()
+        .filter(|n| n.2)
+        .map(|n| (n.0, n.1))
+        .collect();
+    let pids_before = cluster.agent_pids();
+    cluster.signal_up(Signal::SIGKILL);
+    let _ = cluster.wait_up_exit();
+    // The agents outlive the controller.
+    for (node, attempt) in &ready_before {
+        let claim = format!("{node}/a{attempt}");
+        let (_, pid) = pids_before
+            .iter()
+            .find(|(c, _)| *c == claim)
+            .unwrap_or_else(|| panic!("no agent pid for ready node {claim}: {pids_before:?}"));
+        assert!(process_alive(pid), "the agent of {claim} died with up");
+    }
+
+    cluster.start();
+    let status = cluster.wait_converged();
+    assert_eq!(
+        cluster.agent_count(),
+        NODES,
+        "exactly the declared agents after the restart: {:?}",
+        cluster.agents()
+    );
+    let pids_after = cluster.agent_pids();
+    for (node, attempt) in &ready_before {
+        let claim = format!("{node}/a{attempt}");
+        assert!(
+            nodes(&status)
+                .iter()
+                .any(|n| n.0 == *node && n.1 == *attempt && n.2),
+            "ready node {claim} was adopted, not replaced: {status:#}"
+        );
+        let before = pids_before.iter().find(|(c, _)| *c == claim);
+        let after = pids_after.iter().find(|(c, _)| *c == claim);
+        assert_eq!(before, after, "the agent of {claim} is the same process");
+    }
+    assert!(
+        cluster.up_output().contains("resuming run"),
+        "{}",
+        cluster.up_output()
+    );
+
+    cluster.signal_up(Signal::SIGINT);
+    let exit = cluster.wait_up_exit();
+    assert!(exit.success(), "{exit}\n{}", cluster.up_output());
+    cluster.assert_nothing_left();
+}
+
+#[test]
+fn a_bad_ssh_field_is_refused_with_its_line_and_nothing_starts() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("bad.toml");
+    fs::write(
+        &file,
+        "run = \"bad-ssh\"\n\n[providers.ssh]\nknown_hosts = \"k\"\nlisten = \"127.0.0.1:7100\"\n\n\
+         [[providers.ssh.host]]\nname = \"h\"\naddress = \"10.0.0.1\"\nuser = \"ops\"\nslots = 0\n\n\
+         [[group]]\nid = \"w\"\ncount = 1\nprovider = \"ssh\"\n",
+    )
+    .expect("write");
+    let output = Command::new(BINARY)
+        .args(["up", "--plain"])
+        .arg(&file)
+        .env("PROVISION_SOCKET_DIR", dir.path().join("sockets"))
+        .env("PROVISION_STATE_DIR", dir.path().join("state"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run up");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:11:", file.display())),
+        "names file and line: {stderr}"
+    );
+    assert!(
+        stderr.contains("providers.ssh.host[0].slots"),
+        "names the field: {stderr}"
+    );
+    assert!(stderr.contains("nothing was started"), "{stderr}");
+    assert!(
+        !dir.path().join("state").exists()
+            || fs::read_dir(dir.path().join("state"))
+                .expect("state dir")
+                .next()
+                .is_none(),
+        "no state was written"
+    );
+}
