@@ -138,20 +138,24 @@ impl SshCluster {
     }
 
     fn run_command(&self, args: &[&str]) -> Output {
+        self.run_bounded(args, COMMAND_BOUND)
+    }
+
+    fn run_bounded(&self, args: &[&str], bound: Duration) -> Output {
         let mut child = self
             .command(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start provision");
-        let deadline = Instant::now() + COMMAND_BOUND;
+        let deadline = Instant::now() + bound;
         loop {
             if child.try_wait().expect("poll").is_some() {
                 return child.wait_with_output().expect("output");
             }
             if Instant::now() >= deadline {
                 let _ = child.kill();
-                panic!("provision {args:?} did not finish in {COMMAND_BOUND:?}");
+                panic!("provision {args:?} did not finish in {bound:?}");
             }
             sleep(Duration::from_millis(20));
         }
@@ -445,6 +449,26 @@ fn after_kill_9_of_up_mid_bring_up_a_restart_adopts_the_running_agents() {
     cluster.signal_up(Signal::SIGINT);
     let exit = cluster.wait_up_exit();
     assert!(exit.success(), "{exit}\n{}", cluster.up_output());
+    cluster.assert_nothing_left();
+}
+
+#[test]
+fn down_after_a_crash_of_up_tears_the_ssh_fleet_down_from_the_state() {
+    let mut cluster = SshCluster::new("down");
+    cluster.start();
+    cluster.wait_converged();
+    cluster.signal_up(Signal::SIGKILL);
+    let _ = cluster.wait_up_exit();
+    assert_eq!(cluster.agent_count(), NODES, "the agents outlive up");
+    // No `up` runs: `down` starts the run's providers from the shape file
+    // kept in the state (the ssh inventory included) and tears down.
+    let output = cluster.run_bounded(&["down", "--run", &cluster.run.clone()], EXIT_BOUND);
+    assert!(
+        output.status.success(),
+        "down failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     cluster.assert_nothing_left();
 }
 
