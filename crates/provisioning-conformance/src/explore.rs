@@ -27,6 +27,7 @@ use crate::trace::{
     DriftField, Fault, FaultTarget, Group, Input, ShapeChange, StreamEvent, Trace, WorkStep,
 };
 use provisioning::observe::LossCause;
+use provisioning::state::BootstrapFailure;
 
 /// How an exploration is bounded and what it checks.
 #[derive(Clone, Debug)]
@@ -39,6 +40,9 @@ pub struct ExploreConfig {
     pub liveness: bool,
     /// An upper bound on distinct states, so a run stays bounded.
     pub max_states: usize,
+    /// Whether states equal up to a renaming of ids merge (see
+    /// [`normalise_ids`]); off only to measure what the renaming saves.
+    pub normalise_ids: bool,
 }
 
 impl ExploreConfig {
@@ -49,6 +53,7 @@ impl ExploreConfig {
             depth,
             liveness: true,
             max_states: 1_000_000,
+            normalise_ids: true,
         }
     }
 }
@@ -233,7 +238,7 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
             }
         };
         let mut seen = BTreeSet::new();
-        seen.insert(fingerprint(&root.0, root.1));
+        seen.insert(fingerprint(&root.0, root.1, config.normalise_ids));
         report.distinct_states = 1;
         if config.liveness
             && let Some(violation) = self.liveness(&prefix)
@@ -258,7 +263,7 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
                             return report;
                         }
                     };
-                    if !seen.insert(fingerprint(&stepper.0, stepper.1)) {
+                    if !seen.insert(fingerprint(&stepper.0, stepper.1, config.normalise_ids)) {
                         continue;
                     }
                     report.distinct_states += 1;
@@ -310,8 +315,10 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
 }
 
 /// The inputs worth trying from `stepper`'s state: every reply kind for the
-/// next backend call, delivering one queued task, one stream event, a clock
-/// jump to the next stored deadline, one shape change, a duplicated or late
+/// next backend call, delivering one queued task, a join, a convergence
+/// report or a failed boot check of the first live session, a clock
+/// jump to the next stored deadline, one shape change (up, down, drift,
+/// empty), a duplicated or late
 /// delivery, a node loss, a hang release and a controller crash.
 pub fn alphabet<S: Substrate>(stepper: &Stepper<S>, nodes: u32) -> Vec<Input> {
     let mut out = Vec::new();
@@ -340,6 +347,10 @@ pub fn alphabet<S: Substrate>(stepper: &Stepper<S>, nodes: u32) -> Vec<Input> {
         session: 0,
         event: StreamEvent::Converged,
     });
+    out.push(Input::Stream {
+        session: 0,
+        event: StreamEvent::Failed(BootstrapFailure::BootCheckFailed),
+    });
     if let Some(at) = stepper.requeue_at() {
         let millis = at.as_millis().saturating_sub(stepper.now().as_millis());
         out.push(Input::Tick {
@@ -354,6 +365,13 @@ pub fn alphabet<S: Substrate>(stepper: &Stepper<S>, nodes: u32) -> Vec<Input> {
         group: Group::A,
         count: nodes - 1,
     }));
+    if nodes > 1 {
+        // Empty (for one node, scaling down already empties the group).
+        out.push(Input::Desire(ShapeChange::Scale {
+            group: Group::A,
+            count: 0,
+        }));
+    }
     out.push(Input::Desire(ShapeChange::Drift {
         group: Group::A,
         field: DriftField::Image,
@@ -371,15 +389,111 @@ pub fn alphabet<S: Substrate>(stepper: &Stepper<S>, nodes: u32) -> Vec<Input> {
 
 /// A hash of what makes two states equivalent: observed state, desired
 /// shape, clock and requeue, live resources, queued backend work, and
-/// whether a controller crash is armed.
-pub fn fingerprint<S: Substrate>(stepper: &Stepper<S>, crash_armed: bool) -> u64 {
+/// whether a controller crash is armed — with ids normalised
+/// ([`normalise_ids`]), so that states equal up to a renaming of attempt
+/// ids, operation sequences and handle serials merge.
+pub fn fingerprint<S: Substrate>(stepper: &Stepper<S>, crash_armed: bool, normalise: bool) -> u64 {
+    let text = format!(
+        "{crash_armed}|{:?}|{:?}|{}|{:?}|{:?}|{}",
+        stepper.state(),
+        stepper.desired_shape(),
+        stepper.now().as_millis(),
+        stepper.requeue_at(),
+        stepper.live_resources(),
+        stepper.substrate().describe_work(),
+    );
     let mut hasher = DefaultHasher::new();
-    crash_armed.hash(&mut hasher);
-    format!("{:?}", stepper.state()).hash(&mut hasher);
-    format!("{:?}", stepper.desired_shape()).hash(&mut hasher);
-    stepper.now().as_millis().hash(&mut hasher);
-    format!("{:?}", stepper.requeue_at()).hash(&mut hasher);
-    format!("{:?}", stepper.live_resources()).hash(&mut hasher);
-    stepper.substrate().describe_work().hash(&mut hasher);
+    if normalise {
+        normalise_ids(&text).hash(&mut hasher);
+    } else {
+        text.hash(&mut hasher);
+    }
     hasher.finish()
+}
+
+/// Where a number is an id, in the `Debug` forms of the kit's state: the
+/// marker before it and the renaming it belongs to. Attempt ids are one
+/// renaming (the allocator's next id among them, so a state that burned an
+/// attempt more merges with one that did not), operation sequences a
+/// second, and the serials the kit's fakes put at the end of their handle
+/// names (`lease-a-0-a3-7`) a third, shared with the attempt in the handle.
+const ID_MARKERS: [(&str, usize); 4] = [
+    ("NodeAttemptId(", 0),
+    ("AttemptAllocator { next: ", 0),
+    ("OperationSequence(", 1),
+    ("-a", 0),
+];
+
+/// Renames the ids in `text` (see [`ID_MARKERS`]) to their order of first
+/// appearance, one renaming per kind. A handle's `-aN-M` renames `N` as an
+/// attempt and `M` as a serial. Renaming by first appearance is a bijection
+/// per state and consistent across the whole text, so two texts normalise
+/// alike exactly when they are equal up to such a renaming.
+pub fn normalise_ids(text: &str) -> String {
+    let mut maps: [std::collections::BTreeMap<&str, usize>; 3] = Default::default();
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    'scan: while !rest.is_empty() {
+        for (marker, kind) in ID_MARKERS {
+            let Some(after) = rest.strip_prefix(marker) else {
+                continue;
+            };
+            let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            if digits == 0 {
+                continue;
+            }
+            let (number, tail) = after.split_at(digits);
+            out.push_str(marker);
+            let next = maps[kind].len();
+            let renamed = *maps[kind].entry(number).or_insert(next);
+            out.push('#');
+            out.push_str(&renamed.to_string());
+            rest = tail;
+            // A handle: `-aN-M` — the serial after the attempt.
+            if marker == "-a"
+                && let Some(serial_part) = rest.strip_prefix('-')
+            {
+                let digits = serial_part.len()
+                    - serial_part
+                        .trim_start_matches(|c: char| c.is_ascii_digit())
+                        .len();
+                if digits > 0 {
+                    let (serial, tail) = serial_part.split_at(digits);
+                    let next = maps[2].len();
+                    let renamed = *maps[2].entry(serial).or_insert(next);
+                    out.push_str("-#");
+                    out.push_str(&renamed.to_string());
+                    rest = tail;
+                }
+            }
+            continue 'scan;
+        }
+        let mut chars = rest.chars();
+        if let Some(c) = chars.next() {
+            out.push(c);
+        }
+        rest = chars.as_str();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renamed_ids_normalise_alike_and_different_structure_does_not() {
+        let one = "AttemptAllocator { next: 5, limit: 9 } a: NodeAttemptId(3) \
+                   op OperationSequence(4) lease-a-0-a3-17 b: NodeAttemptId(4)";
+        let two = "AttemptAllocator { next: 7, limit: 9 } a: NodeAttemptId(5) \
+                   op OperationSequence(2) lease-a-0-a5-2 b: NodeAttemptId(6)";
+        assert_eq!(normalise_ids(one), normalise_ids(two));
+        // The same attempt twice is not two different attempts.
+        let same = "a: NodeAttemptId(3) b: NodeAttemptId(3)";
+        let other = "a: NodeAttemptId(3) b: NodeAttemptId(4)";
+        assert_ne!(normalise_ids(same), normalise_ids(other));
+        // Numbers that are not ids stay as they are.
+        assert_eq!(normalise_ids("count: 2, at 1500"), "count: 2, at 1500");
+        assert_ne!(normalise_ids("count: 2"), normalise_ids("count: 3"));
+    }
 }
