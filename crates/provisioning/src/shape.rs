@@ -413,7 +413,7 @@ impl DesiredState {
 
     /// Whether `spec` is the desired spec of its slot (what comparing it with
     /// [`DesiredState::spec`] answers, without building that spec).
-    pub(crate) fn is_desired_spec(&self, spec: &LogicalNodeSpec) -> bool {
+    pub fn is_desired_spec(&self, spec: &LogicalNodeSpec) -> bool {
         let Some(group) = self.groups.get(spec.id().group()) else {
             return false;
         };
