@@ -17,12 +17,20 @@ What lives in a machine directory:
     key.json      the attempt key (the tag)
     lease         the lease handle, the directory's own name
     session       the bootstrap session handle, while a session is open
+    joined        present once the session's agent joined (harness mode)
     template.json the node template the last bootstrap was started with
 
-The test hooks of the protocol (inject_fault, lose_node) are implemented, so
-the whole seam contract suite runs against it:
+Every test hook of the protocol is implemented (inject_fault with every
+fault, lose_node with a cause, and the battery's live, emit and release;
+docs/plugin-protocol.md section 6), so both the seam contract suite and the
+battery run against it:
 
     provision conformance --plugin "python3 examples/providers/dirs.py --root /tmp/x"
+
+A hung call (the "hang" fault) is parked: the program keeps reading and
+answering other lines, and performs the parked request only when a
+"release" lets it go. When the handshake says "harness": true, sessions
+report nothing on their own; the harness makes them report with "emit".
 
 dirs_broken.py is the same provider with one deliberate defect, for showing
 that the suite catches it.
@@ -49,7 +57,19 @@ METHODS = (
     "destroy_node",
     "list_nodes",
 )
-FAULTS = ("definite", "ambiguous_done", "ambiguous_undone")
+FAULTS = ("definite", "ambiguous_done", "ambiguous_undone", "hang")
+HOOKS = ("live", "emit", "release", "lose_cause")
+LOSS_CAUSES = ("agent_gone", "lease_gone", "workload_exited")
+FAILURES = ("connect_failed", "boot_check_failed", "start_failed", "join_failed", "stream_error")
+STAGES = (
+    "created",
+    "connecting",
+    "connected",
+    "streaming",
+    "boot_checking",
+    "agent_starting",
+    "waiting_for_join",
+)
 # The longest request line this program reads; the host never sends more.
 LINE_MAX = 1 << 20
 
@@ -190,11 +210,30 @@ class Machines:
         path = self.path(lease)
         if path is None:
             return False
+        self.set_joined(lease, False)
         try:
             os.remove(os.path.join(path, "session"))
             return True
         except OSError:
             return False
+
+    def joined(self, lease):
+        path = self.path(lease)
+        return path is not None and os.path.exists(os.path.join(path, "joined"))
+
+    def set_joined(self, lease, joined):
+        path = self.path(lease)
+        if path is None:
+            return
+        marker = os.path.join(path, "joined")
+        if joined:
+            with open(marker, "w", encoding="utf-8"):
+                pass
+        else:
+            try:
+                os.remove(marker)
+            except OSError:
+                pass
 
 
 class RootLock:
@@ -222,6 +261,12 @@ class Provider:
         self.machines = machines
         self.armed = {}  # method -> [fault, ...], in the order they were armed
         self.after_reply = []  # observations to send once the reply is out
+        # Requests held by a "hang" fault, oldest first, until "release".
+        self.held = []
+        # Whether a harness drives the sessions (handshake "harness": true).
+        self.harness = False
+        # Set while a released request runs: its fault was the hang.
+        self.releasing = False
 
     # Output.
 
@@ -237,8 +282,18 @@ class Provider:
     # Faults.
 
     def fault_for(self, method):
+        if self.releasing:
+            return None
         queue = self.armed.get(method)
         return queue.pop(0) if queue else None
+
+    def takes_hang(self, method):
+        """Whether the next fault armed for `method` is a hang (taken if so)."""
+        queue = self.armed.get(method)
+        if queue and queue[0] == "hang":
+            queue.pop(0)
+            return True
+        return False
 
     @staticmethod
     def refuse_before(fault, method):
@@ -287,25 +342,33 @@ class Provider:
         self.refuse_before(fault, "lookup_endpoint")
         lease = self.machine_of(ident, args.get("lease"))
         self.refuse_after(fault, "lookup_endpoint")
+        if fault == "not_ready":
+            return {"ready": False}
         return {"ready": True, "endpoint": "file://" + self.machines.path(lease)}
 
     def start_bootstrap(self, ident, args):
         fault = self.fault_for("start_bootstrap")
-        self.refuse_before(fault, "start_bootstrap")
         lease = self.machine_of(ident, args.get("lease"))
         session = self.machines.session(lease)
         if session is not None:
-            result = {"session": session, "adopted": True}
-        else:
-            template = args.get("template")
-            session = self.machines.open_session(lease, template)
+            # As with create_node, a definite fault never hides the live
+            # session: adopt it (or say ambiguous).
+            if fault == "ambiguous_undone":
+                raise CallError("ambiguous", "injected fault: start_bootstrap timed out")
+            self.refuse_after(fault, "start_bootstrap")
+            # An adopting start opens a new stream to its caller: the agent
+            # joins that caller again, and says so again once it does.
+            self.machines.set_joined(lease, False)
+            return {"session": session, "adopted": True}
+        self.refuse_before(fault, "start_bootstrap")
+        session = self.machines.open_session(lease, args.get("template"))
+        if not self.harness:
             for stage in ("created", "connecting", "connected", "waiting_for_join"):
                 self.observe("progress", ident, stage=stage)
             # The "agent" joins once the host knows the session.
             self.after_reply.append(("joined", ident))
-            result = {"session": session, "adopted": False}
         self.refuse_after(fault, "start_bootstrap")
-        return result
+        return {"session": session, "adopted": False}
 
     def complete_bootstrap(self, ident, args):
         fault = self.fault_for("complete_bootstrap")
@@ -353,31 +416,109 @@ class Provider:
 
     def inject_fault(self, args):
         method, fault = args.get("method"), args.get("fault")
-        if method not in METHODS or fault not in FAULTS:
+        offered = fault in FAULTS or (fault == "not_ready" and method == "lookup_endpoint")
+        if method not in METHODS or not offered:
             return {"armed": False}
         self.armed.setdefault(method, []).append(fault)
         return {"armed": True}
 
     def lose_node(self, ident, args):
+        cause = args.get("cause", "lease_gone")
+        if cause not in LOSS_CAUSES:
+            raise CallError("definite", "unknown cause %r" % (cause,))
         leases = self.machines.find(ident)
-        for lease in leases:
-            self.machines.remove(lease)
         if not leases:
             return {"lost": False}
-        self.observe("lost", ident, cause="lease_gone")
+        for lease in leases:
+            if cause == "lease_gone":
+                self.machines.remove(lease)
+            else:
+                # The agent (or its workload) is gone; the machine stays.
+                self.machines.close_session(lease)
+        self.observe("lost", ident, cause=cause)
         return {"lost": True}
+
+    def live(self, args):
+        """The honest ledger: what exists for the run, from the disk."""
+        run = args.get("run")
+        if not isinstance(run, str):
+            raise CallError("definite", "live needs a run")
+        leases, sessions = [], []
+        for tag, lease in self.machines.all():
+            if tag[0] != run:
+                continue
+            leases.append({"key": canonical_key(tag), "lease": lease})
+            session = self.machines.session(lease)
+            if session is not None:
+                sessions.append(
+                    {"key": canonical_key(tag), "session": session, "joined": self.machines.joined(lease)}
+                )
+        return {"leases": leases, "sessions": sessions}
+
+    def emit(self, ident, args):
+        """Makes the key's live session report one event."""
+        event = args.get("event")
+        open_sessions = [
+            lease for lease in self.machines.find(ident) if self.machines.session(lease) is not None
+        ]
+        if not open_sessions:
+            return {"emitted": False}
+        lease = open_sessions[0]
+        if event == "progress":
+            stage = args.get("stage")
+            if stage not in STAGES:
+                raise CallError("definite", "unknown stage %r" % (stage,))
+            self.observe("progress", ident, stage=stage)
+        elif event == "joined":
+            self.machines.set_joined(lease, True)
+            self.observe("joined", ident)
+        elif event == "converged":
+            self.observe("converged", ident)
+        elif event == "closed":
+            self.machines.close_session(lease)
+            self.observe("closed", ident)
+        elif event == "failed":
+            failure = args.get("failure")
+            if failure not in FAILURES:
+                raise CallError("definite", "unknown failure %r" % (failure,))
+            self.machines.close_session(lease)
+            detail = args.get("detail")
+            self.observe("failed", ident, failure=failure, detail=detail if isinstance(detail, str) else "")
+        else:
+            raise CallError("definite", "unknown event %r" % (event,))
+        return {"emitted": True}
+
+    def release(self, args):
+        """Lets the oldest (or every) held request go on: each is performed
+        and answered now, before this request's own reply."""
+        which = args.get("which")
+        if which not in ("oldest", "all"):
+            raise CallError("definite", "which must be \"oldest\" or \"all\"")
+        count = 1 if which == "oldest" else len(self.held)
+        released, self.held = self.held[:count], self.held[count:]
+        for request in released:
+            self.releasing = True
+            try:
+                self.reply_to(request)
+            finally:
+                self.releasing = False
+        return {"released": len(released)}
 
     def handshake(self, args):
         versions = args.get("versions")
         if args.get("protocol") != PROTOCOL or not isinstance(versions, list) or VERSION not in versions:
             raise CallError("definite", "this program speaks %s version %d only" % (PROTOCOL, VERSION))
+        self.harness = args.get("harness") is True
+        faults = [{"method": m, "fault": f} for m in METHODS for f in FAULTS]
+        faults.append({"method": "lookup_endpoint", "fault": "not_ready"})
         return {
             "protocol": PROTOCOL,
             "version": VERSION,
             "program": self.program,
             "kind": KIND,
-            "faults": [{"method": m, "fault": f} for m in METHODS for f in FAULTS],
+            "faults": faults,
             "lose_node": True,
+            "hooks": list(HOOKS),
         }
 
     # The loop.
@@ -395,9 +536,33 @@ class Provider:
             return self.inject_fault(args)
         if method == "list_nodes":
             return self.list_nodes(None, args)
-        if method in METHODS or method == "lose_node":
+        if method == "live":
+            return self.live(args)
+        if method == "release":
+            return self.release(args)
+        if method in METHODS or method in ("lose_node", "emit"):
             return getattr(self, method)(parse_key(request.get("key")), args)
         raise CallError("definite", "unknown method %r" % (method,))
+
+    def reply_to(self, request):
+        """Answers one request, then sends what was to follow its reply."""
+        try:
+            reply = {"id": request["id"], "result": self.answer(request)}
+        except CallError as error:
+            reply = {
+                "id": request["id"],
+                "error": {"disposition": error.disposition, "message": error.message},
+            }
+        except OSError as error:
+            # The disk failed under us, perhaps halfway: promise nothing.
+            reply = {
+                "id": request["id"],
+                "error": {"disposition": "ambiguous", "message": "I/O error: %s" % error},
+            }
+        self.send(reply)
+        after, self.after_reply = self.after_reply, []
+        for kind, ident in after:
+            self.observe(kind, ident)
 
     def serve(self, stream):
         while True:
@@ -415,23 +580,13 @@ class Provider:
             if not isinstance(request, dict) or not isinstance(request.get("id"), int):
                 sys.stderr.write("%s: not a request, ignored: %r\n" % (self.program, line[:80]))
                 continue
-            try:
-                reply = {"id": request["id"], "result": self.answer(request)}
-            except CallError as error:
-                reply = {
-                    "id": request["id"],
-                    "error": {"disposition": error.disposition, "message": error.message},
-                }
-            except OSError as error:
-                # The disk failed under us, perhaps halfway: promise nothing.
-                reply = {
-                    "id": request["id"],
-                    "error": {"disposition": "ambiguous", "message": "I/O error: %s" % error},
-                }
-            self.send(reply)
-            for kind, ident in self.after_reply:
-                self.observe(kind, ident)
-            self.after_reply = []
+            method = request.get("method")
+            if method in METHODS and self.takes_hang(method):
+                # Hung: no reply until "release"; other lines are served
+                # meanwhile.
+                self.held.append(request)
+                continue
+            self.reply_to(request)
 
 
 def parse_args(argv):

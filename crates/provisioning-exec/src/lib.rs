@@ -26,6 +26,7 @@
 //! [`ContractFaults`] over the protocol's optional test hooks, and
 //! [`conformance`] runs the seam contract suite against a program.
 
+pub mod battery;
 pub mod conformance;
 pub mod wire;
 
@@ -93,6 +94,11 @@ pub struct ExecConfig {
     pub restart_backoff_min: Duration,
     /// The longest delay between restarts.
     pub restart_backoff_max: Duration,
+    /// Whether the handshake tells the program that a test harness drives
+    /// it (`"harness": true`, `docs/plugin-protocol.md` §6.3): a program
+    /// offering the `emit` hook then reports bootstrap events only when
+    /// asked. Only the conformance battery sets it.
+    pub harness: bool,
 }
 
 impl ExecConfig {
@@ -109,6 +115,7 @@ impl ExecConfig {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             restart_backoff_min: DEFAULT_RESTART_BACKOFF_MIN,
             restart_backoff_max: DEFAULT_RESTART_BACKOFF_MAX,
+            harness: false,
         }
     }
 
@@ -132,6 +139,13 @@ impl ExecConfig {
     /// The same program with another call timeout.
     pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
+        self
+    }
+
+    /// The same program, told in its handshake that a test harness drives
+    /// it (see [`ExecConfig::harness`]).
+    pub fn with_harness(mut self) -> Self {
+        self.harness = true;
         self
     }
 
@@ -168,6 +182,12 @@ pub enum ExecError {
         command: String,
         /// How long until the next start.
         wait: Duration,
+    },
+    /// [`ExecPlugin::close`] stopped the program for good.
+    #[error("provider program {command:?} was closed")]
+    Closed {
+        /// The command.
+        command: String,
     },
     /// The handshake failed.
     #[error("provider program {command:?} failed its handshake: {why}")]
@@ -272,9 +292,10 @@ fn quote(line: &[u8]) -> String {
 
 /// One running program.
 struct Connection {
-    /// Killed when the connection is dropped.
-    _child: Child,
-    writer: mpsc::UnboundedSender<String>,
+    /// Killed when the connection is dropped (taken by [`ExecPlugin::close`]).
+    child: Mutex<Option<Child>>,
+    /// Taken (closing the program's stdin) by [`ExecPlugin::close`].
+    writer: Mutex<Option<mpsc::UnboundedSender<String>>>,
     shared: Arc<Shared>,
     hello: Hello,
     next_id: AtomicU64,
@@ -292,7 +313,13 @@ impl Connection {
         let (tx, rx) = oneshot::channel();
         self.shared.pending().insert(id, tx);
         let line = wire::encode_request(id, method, key, args);
-        if self.shared.is_dead() || self.writer.send(line).is_err() {
+        let written = self
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|writer| writer.send(line).is_ok());
+        if self.shared.is_dead() || !written {
             self.shared.pending().remove(&id);
             return None;
         }
@@ -329,6 +356,8 @@ struct Inner {
     current: Mutex<Option<Arc<Connection>>>,
     restarts: tokio::sync::Mutex<Restarts>,
     starts: AtomicU64,
+    /// Set by [`ExecPlugin::close`]: no more starts.
+    closed: AtomicBool,
 }
 
 impl Inner {
@@ -354,6 +383,11 @@ impl Inner {
         Box::pin(async move {
             if let Some(live) = self.live() {
                 return Ok(live);
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(ExecError::Closed {
+                    command: self.config.command.clone(),
+                });
             }
             let mut restarts = self.restarts.lock().await;
             if let Some(live) = self.live() {
@@ -434,7 +468,11 @@ impl Inner {
             HANDSHAKE_ID,
             "handshake",
             None,
-            json!({"protocol": PROTOCOL, "versions": [PROTOCOL_VERSION]}),
+            if config.harness {
+                json!({"protocol": PROTOCOL, "versions": [PROTOCOL_VERSION], "harness": true})
+            } else {
+                json!({"protocol": PROTOCOL, "versions": [PROTOCOL_VERSION]})
+            },
         );
         let _ = writer.send(line);
         let hello = match tokio::time::timeout(config.handshake_timeout, rx).await {
@@ -469,8 +507,8 @@ impl Inner {
                     hello.version
                 );
                 Ok(Connection {
-                    _child: child,
-                    writer,
+                    child: Mutex::new(Some(child)),
+                    writer: Mutex::new(Some(writer)),
                     shared,
                     hello,
                     next_id: AtomicU64::new(HANDSHAKE_ID + 1),
@@ -485,23 +523,46 @@ impl Inner {
         }
     }
 
-    /// Sends one request and waits for its reply.
-    async fn call(
+    /// Sends one request — right after an `inject_fault` for it when `arm`
+    /// names a fault, on the same connection, so that the program arms the
+    /// fault for exactly this request — and waits for its reply.
+    async fn call_armed(
         self: &Arc<Self>,
         method: &'static str,
         key: Option<&AttemptKey>,
         args: Value,
+        arm: Arm<'_>,
     ) -> Result<Value, PluginError> {
         let connection = self
             .connection()
             .await
             .map_err(|e| PluginError::definite(format!("{method} was not sent: {e}")))?;
+        if let Some(fault) = arm.fault {
+            // The program arms it before it reads the request (§1), and its
+            // reply is not needed: `{"armed": false}` is logged by the hook.
+            if connection
+                .send(
+                    "inject_fault",
+                    None,
+                    json!({"method": method, "fault": fault}),
+                )
+                .is_none()
+            {
+                return Err(PluginError::definite(format!(
+                    "{method} was not sent: provider program {} is not running",
+                    self.name
+                )));
+            }
+        }
         let Some((id, rx)) = connection.send(method, key, args) else {
             return Err(PluginError::definite(format!(
                 "{method} was not sent: provider program {} is not running",
                 self.name
             )));
         };
+        if let Some(sent) = arm.sent {
+            sent();
+        }
         let _guard = PendingGuard {
             shared: &connection.shared,
             id,
@@ -562,8 +623,9 @@ impl Inner {
         method: &'static str,
         key: Option<&AttemptKey>,
         args: Value,
+        arm: Arm<'_>,
     ) -> Result<T, PluginError> {
-        let value = self.call(method, key, args).await?;
+        let value = self.call_armed(method, key, args, arm).await?;
         wire::decode_result(value).map_err(|why| self.malformed(method, why))
     }
 
@@ -572,8 +634,9 @@ impl Inner {
         method: &'static str,
         key: &AttemptKey,
         args: Value,
+        arm: Arm<'_>,
     ) -> Result<(), PluginError> {
-        let value = self.call(method, Some(key), args).await?;
+        let value = self.call_armed(method, Some(key), args, arm).await?;
         if wire::is_empty_result(&value) {
             Ok(())
         } else {
@@ -645,7 +708,9 @@ async fn read_lines(mut stdout: impl AsyncRead + Unpin, shared: Arc<Shared>, own
     if let Some(last) = splitter.finish() {
         handle_line(&shared, last);
     }
-    let owned = owner.strong_count() > 0;
+    let owned = owner
+        .upgrade()
+        .is_some_and(|inner| !inner.closed.load(Ordering::SeqCst));
     if owned {
         tracing::warn!(program = %shared.name, "provider program is gone: {why}");
     } else {
@@ -705,6 +770,7 @@ impl ExecPlugin {
                 current: Mutex::new(None),
                 restarts: tokio::sync::Mutex::new(Restarts::default()),
                 starts: AtomicU64::new(0),
+                closed: AtomicBool::new(false),
             }),
         }
     }
@@ -733,6 +799,191 @@ impl ExecPlugin {
     pub fn config(&self) -> &ExecConfig {
         &self.inner.config
     }
+
+    /// Stops the program for good: closes its stdin, so that it can exit on
+    /// its own (and tidy up, §1), waits for that at most `grace`, then kills
+    /// it. Calls in flight fail ambiguously; later calls fail definitely,
+    /// and the program is not restarted.
+    pub async fn close(&self, grace: Duration) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        let current = self
+            .inner
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(connection) = current else {
+            return;
+        };
+        drop(
+            connection
+                .writer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let child = connection
+            .child
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(mut child) = child {
+            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                tracing::warn!(
+                    program = %self.inner.name,
+                    "did not exit within {grace:?} of its stdin closing; killed"
+                );
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+/// Where a call's request may carry a fault armed for it, and who hears
+/// that it was sent (the battery's bookkeeping of held calls).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Arm<'a> {
+    /// The protocol's name of the fault to arm for this very request.
+    pub(crate) fault: Option<&'a str>,
+    /// Called once the request is written to the program's queue.
+    pub(crate) sent: Option<&'a (dyn Fn() + Send + Sync)>,
+}
+
+impl Arm<'_> {
+    /// No fault, no callback: an ordinary call.
+    pub(crate) const NONE: Arm<'static> = Arm {
+        fault: None,
+        sent: None,
+    };
+}
+
+fn template_of(spec: &LogicalNodeSpec) -> Result<Value, PluginError> {
+    serde_json::to_value(spec.template())
+        .map_err(|e| PluginError::definite(format!("the template cannot be sent: {e}")))
+}
+
+impl ExecPlugin {
+    pub(crate) async fn create_node_armed(
+        &self,
+        key: &AttemptKey,
+        spec: &LogicalNodeSpec,
+        arm: Arm<'_>,
+    ) -> Result<NodeLease, PluginError> {
+        let template = template_of(spec)?;
+        let result: CreateResult = self
+            .inner
+            .call_as("create_node", Some(key), json!({"template": template}), arm)
+            .await?;
+        Ok(NodeLease {
+            lease: LeaseHandle(result.lease),
+            endpoint: result.endpoint.map(Endpoint),
+            adopted: result.adopted,
+        })
+    }
+
+    pub(crate) async fn lookup_endpoint_armed(
+        &self,
+        key: &AttemptKey,
+        lease: &LeaseHandle,
+        arm: Arm<'_>,
+    ) -> Result<EndpointLookup, PluginError> {
+        let result: LookupResult = self
+            .inner
+            .call_as("lookup_endpoint", Some(key), json!({"lease": lease.0}), arm)
+            .await?;
+        match (result.ready, result.endpoint) {
+            (true, Some(endpoint)) => Ok(EndpointLookup::Ready(Endpoint(endpoint))),
+            (true, None) => Err(self.inner.malformed(
+                "lookup_endpoint",
+                "`ready` is true but there is no `endpoint`",
+            )),
+            (false, _) => Ok(EndpointLookup::NotReady),
+        }
+    }
+
+    pub(crate) async fn start_bootstrap_armed(
+        &self,
+        key: &AttemptKey,
+        request: &BootstrapRequest,
+        arm: Arm<'_>,
+    ) -> Result<BootstrapSession, PluginError> {
+        let template = template_of(&request.spec)?;
+        let result: StartResult = self
+            .inner
+            .call_as(
+                "start_bootstrap",
+                Some(key),
+                json!({"lease": request.lease.0, "endpoint": request.endpoint.0, "template": template}),
+                arm,
+            )
+            .await?;
+        Ok(BootstrapSession {
+            session: SessionHandle(result.session),
+            adopted: result.adopted,
+        })
+    }
+
+    pub(crate) async fn session_call_armed(
+        &self,
+        method: &'static str,
+        key: &AttemptKey,
+        session: Option<&SessionHandle>,
+        arm: Arm<'_>,
+    ) -> Result<(), PluginError> {
+        self.inner
+            .call_empty(
+                method,
+                key,
+                json!({"session": session.map(|s| s.0.as_str())}),
+                arm,
+            )
+            .await
+    }
+
+    pub(crate) async fn destroy_node_armed(
+        &self,
+        key: &AttemptKey,
+        lease: &LeaseHandle,
+        arm: Arm<'_>,
+    ) -> Result<(), PluginError> {
+        self.inner
+            .call_empty("destroy_node", key, json!({"lease": lease.0}), arm)
+            .await
+    }
+
+    pub(crate) async fn list_nodes_armed(
+        &self,
+        run: &RunId,
+        arm: Arm<'_>,
+    ) -> Result<Vec<ListedNode>, PluginError> {
+        let result: ListResult = self
+            .inner
+            .call_as("list_nodes", None, json!({"run": run.as_str()}), arm)
+            .await?;
+        Ok(result
+            .nodes
+            .into_iter()
+            .map(|node| ListedNode {
+                key: node.key.to_key(),
+                lease: LeaseHandle(node.lease),
+            })
+            .collect())
+    }
+
+    /// A test hook's call (§6): its result decoded as `T`.
+    pub(crate) async fn hook<T: serde::de::DeserializeOwned>(
+        &self,
+        method: &'static str,
+        key: Option<&AttemptKey>,
+        args: Value,
+    ) -> Result<T, PluginError> {
+        self.inner.call_as(method, key, args, Arm::NONE).await
+    }
+
+    /// The name of the running program's start, for logs.
+    pub(crate) fn name(&self) -> &str {
+        &self.inner.name
+    }
 }
 
 #[async_trait]
@@ -754,17 +1005,7 @@ impl ProvisionPlugin for ExecPlugin {
         key: &AttemptKey,
         spec: &LogicalNodeSpec,
     ) -> Result<NodeLease, PluginError> {
-        let template = serde_json::to_value(spec.template())
-            .map_err(|e| PluginError::definite(format!("the template cannot be sent: {e}")))?;
-        let result: CreateResult = self
-            .inner
-            .call_as("create_node", Some(key), json!({"template": template}))
-            .await?;
-        Ok(NodeLease {
-            lease: LeaseHandle(result.lease),
-            endpoint: result.endpoint.map(Endpoint),
-            adopted: result.adopted,
-        })
+        self.create_node_armed(key, spec, Arm::NONE).await
     }
 
     async fn lookup_endpoint(
@@ -772,18 +1013,7 @@ impl ProvisionPlugin for ExecPlugin {
         key: &AttemptKey,
         lease: &LeaseHandle,
     ) -> Result<EndpointLookup, PluginError> {
-        let result: LookupResult = self
-            .inner
-            .call_as("lookup_endpoint", Some(key), json!({"lease": lease.0}))
-            .await?;
-        match (result.ready, result.endpoint) {
-            (true, Some(endpoint)) => Ok(EndpointLookup::Ready(Endpoint(endpoint))),
-            (true, None) => Err(self.inner.malformed(
-                "lookup_endpoint",
-                "`ready` is true but there is no `endpoint`",
-            )),
-            (false, _) => Ok(EndpointLookup::NotReady),
-        }
+        self.lookup_endpoint_armed(key, lease, Arm::NONE).await
     }
 
     async fn start_bootstrap(
@@ -791,20 +1021,7 @@ impl ProvisionPlugin for ExecPlugin {
         key: &AttemptKey,
         request: &BootstrapRequest,
     ) -> Result<BootstrapSession, PluginError> {
-        let template = serde_json::to_value(request.spec.template())
-            .map_err(|e| PluginError::definite(format!("the template cannot be sent: {e}")))?;
-        let result: StartResult = self
-            .inner
-            .call_as(
-                "start_bootstrap",
-                Some(key),
-                json!({"lease": request.lease.0, "endpoint": request.endpoint.0, "template": template}),
-            )
-            .await?;
-        Ok(BootstrapSession {
-            session: SessionHandle(result.session),
-            adopted: result.adopted,
-        })
+        self.start_bootstrap_armed(key, request, Arm::NONE).await
     }
 
     async fn complete_bootstrap(
@@ -812,12 +1029,7 @@ impl ProvisionPlugin for ExecPlugin {
         key: &AttemptKey,
         session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
-        self.inner
-            .call_empty(
-                "complete_bootstrap",
-                key,
-                json!({"session": session.map(|s| s.0.as_str())}),
-            )
+        self.session_call_armed("complete_bootstrap", key, session, Arm::NONE)
             .await
     }
 
@@ -826,34 +1038,16 @@ impl ProvisionPlugin for ExecPlugin {
         key: &AttemptKey,
         session: Option<&SessionHandle>,
     ) -> Result<(), PluginError> {
-        self.inner
-            .call_empty(
-                "cancel_bootstrap",
-                key,
-                json!({"session": session.map(|s| s.0.as_str())}),
-            )
+        self.session_call_armed("cancel_bootstrap", key, session, Arm::NONE)
             .await
     }
 
     async fn destroy_node(&self, key: &AttemptKey, lease: &LeaseHandle) -> Result<(), PluginError> {
-        self.inner
-            .call_empty("destroy_node", key, json!({"lease": lease.0}))
-            .await
+        self.destroy_node_armed(key, lease, Arm::NONE).await
     }
 
     async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
-        let result: ListResult = self
-            .inner
-            .call_as("list_nodes", None, json!({"run": run.as_str()}))
-            .await?;
-        Ok(result
-            .nodes
-            .into_iter()
-            .map(|node| ListedNode {
-                key: node.key.to_key(),
-                lease: LeaseHandle(node.lease),
-            })
-            .collect())
+        self.list_nodes_armed(run, Arm::NONE).await
     }
 }
 
@@ -919,7 +1113,7 @@ impl ContractFaults for ExecPlugin {
             }
             match self
                 .inner
-                .call_as::<LoseResult>("lose_node", Some(key), json!({}))
+                .call_as::<LoseResult>("lose_node", Some(key), json!({}), Arm::NONE)
                 .await
             {
                 Ok(result) => result.lost,

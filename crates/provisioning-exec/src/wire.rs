@@ -255,6 +255,7 @@ enum WireFailure {
 enum WireCause {
     AgentGone,
     LeaseGone,
+    WorkloadExited,
 }
 
 fn decode_observation(value: Value) -> Result<Observation, String> {
@@ -308,6 +309,7 @@ fn decode_observation(value: Value) -> Result<Observation, String> {
                 cause: match cause {
                     WireCause::AgentGone => LossCause::AgentGone,
                     WireCause::LeaseGone => LossCause::LeaseGone,
+                    WireCause::WorkloadExited => LossCause::WorkloadExited,
                 },
             }
         }
@@ -426,6 +428,24 @@ pub struct Hello {
     /// Whether `lose_node` is implemented.
     #[serde(default)]
     pub lose_node: bool,
+    /// The battery's test hooks implemented (§6.3): `live`, `emit`,
+    /// `release`, `lose_cause`. Unknown names are ignored.
+    #[serde(default)]
+    pub hooks: Vec<String>,
+}
+
+impl Hello {
+    /// Whether the program listed hook `name`.
+    pub fn has_hook(&self, name: &str) -> bool {
+        self.hooks.iter().any(|hook| hook == name)
+    }
+
+    /// Whether `inject_fault` can arm `fault` for `method`.
+    pub fn offers_fault(&self, method: &str, fault: &str) -> bool {
+        self.faults
+            .iter()
+            .any(|offer| offer.method == method && offer.fault == fault)
+    }
 }
 
 /// One fault a program can arm.
@@ -479,6 +499,38 @@ pub(crate) struct LoseResult {
     pub(crate) lost: bool,
 }
 
+/// The `result` of the `live` hook.
+#[derive(Debug, Deserialize)]
+pub(crate) struct LiveResult {
+    pub(crate) leases: Vec<LiveLease>,
+    pub(crate) sessions: Vec<LiveSession>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct LiveLease {
+    pub(crate) key: WireKey,
+    pub(crate) lease: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct LiveSession {
+    pub(crate) key: WireKey,
+    pub(crate) session: String,
+    pub(crate) joined: bool,
+}
+
+/// The `result` of the `emit` hook.
+#[derive(Debug, Deserialize)]
+pub(crate) struct EmitResult {
+    pub(crate) emitted: bool,
+}
+
+/// The `result` of the `release` hook.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReleaseResult {
+    pub(crate) released: u64,
+}
+
 /// Decodes a `result` into the method's shape.
 pub(crate) fn decode_result<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, String> {
     serde_json::from_value(value).map_err(|e| e.to_string())
@@ -501,6 +553,7 @@ mod tests {
         r#"{"observation":"progress","key":{"run":"r","node":{"group":"g","index":1},"attempt":2},"stage":"connecting"}"#,
         r#"{"observation":"failed","key":{"run":"r","node":{"group":"g","index":1},"attempt":2},"failure":"join_failed","detail":"d"}"#,
         r#"{"observation":"lost","key":{"run":"r","node":{"group":"g","index":1},"attempt":2},"cause":"lease_gone"}"#,
+        r#"{"observation":"lost","key":{"run":"r","node":{"group":"g","index":1},"attempt":2},"cause":"workload_exited"}"#,
     ];
 
     #[test]
