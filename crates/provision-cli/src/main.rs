@@ -10,6 +10,7 @@ mod control;
 mod display;
 mod local;
 mod shape_file;
+mod slurm_provider;
 mod ssh_provider;
 mod state;
 mod up;

@@ -216,6 +216,8 @@ pub(crate) struct ShapeSource {
     pub(crate) exec: Option<ExecSettings>,
     /// The inventory serving `provider = "ssh"`, when declared.
     pub(crate) ssh: Option<crate::ssh_provider::SshSettings>,
+    /// The cluster serving `provider = "slurm"`, when declared.
+    pub(crate) slurm: Option<crate::slurm_provider::SlurmCliSettings>,
 }
 
 /// `[providers.exec]`: the program and its call timeout.
@@ -284,6 +286,8 @@ struct FileProviders {
     exec: Option<Spanned<FileExecProvider>>,
     #[serde(default)]
     ssh: Option<Spanned<crate::ssh_provider::FileSshProvider>>,
+    #[serde(default)]
+    slurm: Option<Spanned<crate::slurm_provider::FileSlurmProvider>>,
 }
 
 /// `[providers.exec]`: a provider program speaking docs/plugin-protocol.md.
@@ -338,6 +342,8 @@ struct FileGroup {
     breaker_cooldown_secs: Option<Spanned<u64>>,
     #[serde(default)]
     breaker_stable_secs: Option<u64>,
+    #[serde(default)]
+    slurm: Option<Spanned<crate::slurm_provider::FileSlurmGroup>>,
 }
 
 /// `max_unavailable = 2` or `max_unavailable = "25%"`.
@@ -510,6 +516,11 @@ pub(crate) fn parse(
     if ssh.is_some() && !served.contains(&crate::ssh_provider::SSH_PROVIDER) {
         served.push(crate::ssh_provider::SSH_PROVIDER);
     }
+    let slurm = crate::slurm_provider::check(path, document.providers.slurm.as_ref())
+        .map_err(|e| at.error(e.span, Some(e.field), e.message))?;
+    if slurm.is_some() && !served.contains(&crate::slurm_provider::SLURM_PROVIDER) {
+        served.push(crate::slurm_provider::SLURM_PROVIDER);
+    }
     let providers = served.as_slice();
     let mut groups = Vec::with_capacity(document.groups.len());
     let mut limits = Limits::default();
@@ -563,6 +574,7 @@ pub(crate) fn parse(
         limits,
         exec,
         ssh,
+        slurm,
         process: ProcessSettings {
             detached,
             log_dir: process.log_dir.as_ref().map(|d| PathBuf::from(d.get_ref())),
@@ -753,6 +765,13 @@ fn check_group(
             ));
         }
     }
+    let labels = crate::slurm_provider::group_labels(
+        index,
+        &provider,
+        &value.shape.labels,
+        value.slurm.as_ref(),
+    )
+    .map_err(|e| at.error(e.span, Some(e.field), e.message))?;
     Ok(NodeGroup {
         id: GroupId::new(id.as_str()),
         run_id: run_id.clone(),
@@ -768,7 +787,7 @@ fn check_group(
                     .iter()
                     .map(|(k, v)| (k.clone(), *v.get_ref()))
                     .collect(),
-                labels: value.shape.labels.clone(),
+                labels,
             },
             boot: BootParams {
                 user: value.boot.user.clone(),

@@ -223,6 +223,9 @@ async fn start_host(
     if let Some(exec) = &source.exec {
         plugins.push(local::start_exec(exec).await?);
     }
+    if let Some(slurm) = &source.slurm {
+        plugins.push(crate::slurm_provider::start_slurm(run_id, secret.clone(), slurm).await?);
+    }
     if let Some(ssh) = &source.ssh {
         plugins.push(crate::ssh_provider::start_ssh(run_id, secret, ssh).await?);
     }
@@ -305,6 +308,7 @@ pub(crate) async fn down_from_state(
                 limits: provisioning::Limits::default(),
                 exec: None,
                 ssh: None,
+                slurm: None,
             }
         }
     };

@@ -37,6 +37,10 @@ const HOLD_COMMAND: &str = "exec sleep infinity";
 /// The pause between two looks while waiting for a job or step to go.
 const GONE_POLL: Duration = Duration::from_millis(50);
 
+/// How old a job listing an endpoint lookup uses may be: the host probes
+/// endpoints often, and one `squeue` then answers for every pending node.
+const LISTING_MAX_AGE: Duration = Duration::from_millis(100);
+
 /// How long a create watches its new job for a reason that says it can
 /// never run (the scheduler looks at a new job within about a second).
 const HOPELESS_CHECK_WAIT: Duration = Duration::from_secs(3);
@@ -107,6 +111,9 @@ struct Shared {
     sent: Mutex<BTreeSet<AttemptKey>>,
     sessions: Mutex<BTreeMap<AttemptKey, Session>>,
     serial: Mutex<u64>,
+    /// The last job listing and when it was taken: endpoint lookups of many
+    /// nodes share one `squeue` per [`LISTING_MAX_AGE`].
+    listing: tokio::sync::Mutex<Option<(tokio::time::Instant, Arc<Vec<JobRow>>)>>,
 }
 
 impl Shared {
@@ -205,6 +212,19 @@ impl Shared {
             format!("--format={SQUEUE_FORMAT}"),
         ];
         self.query_jobs(args).await
+    }
+
+    /// A job listing at most [`LISTING_MAX_AGE`] old (single flight).
+    async fn recent_jobs(&self) -> Result<Arc<Vec<JobRow>>, PluginError> {
+        let mut listing = self.listing.lock().await;
+        if let Some((at, rows)) = listing.as_ref()
+            && at.elapsed() < LISTING_MAX_AGE
+        {
+            return Ok(rows.clone());
+        }
+        let rows = Arc::new(self.all_jobs().await?);
+        *listing = Some((tokio::time::Instant::now(), rows.clone()));
+        Ok(rows)
     }
 
     /// The jobs named `name` (all states).
@@ -434,6 +454,7 @@ impl SlurmPlugin {
             sent: Mutex::new(BTreeSet::new()),
             sessions: Mutex::new(BTreeMap::new()),
             serial: Mutex::new(0),
+            listing: tokio::sync::Mutex::new(None),
         });
         let events = Arc::downgrade(&shared);
         let swarm = Arc::new(
@@ -812,7 +833,21 @@ impl ProvisionPlugin for SlurmPlugin {
         _lease: &LeaseHandle,
     ) -> Result<EndpointLookup, PluginError> {
         let name = name_of(key)?;
-        match self.live_job(&name).await? {
+        let listed = self
+            .shared
+            .recent_jobs()
+            .await?
+            .iter()
+            .filter(|r| r.name == name && r.is_live())
+            .min_by_key(|r| r.id)
+            .cloned();
+        // A listing older than the job does not show it: only a fresh look
+        // may say it is gone.
+        let job = match listed {
+            Some(job) => Some(job),
+            None => self.live_job(&name).await?,
+        };
+        match job {
             Some(job) if job.state == "RUNNING" && !job.nodes.is_empty() => {
                 self.shared.watch(key, job.id);
                 Ok(EndpointLookup::Ready(Endpoint(format!(

@@ -261,6 +261,14 @@ async fn the_agent_runs_as_a_job_step_joins_the_swarm_and_cancel_stops_it() {
         facts.lock().expect("facts").contains(&joined)
     })
     .await;
+    // The workload keeps running after the join: no loss comes.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let early_loss = facts
+        .lock()
+        .expect("facts")
+        .iter()
+        .any(|o| matches!(o, Observation::NodeLost { .. }));
+    assert!(!early_loss, "{:?}", facts.lock().expect("facts"));
     let job = bed.live_jobs("prov+agent-step+")[0].0;
     let steps = bed
         .client("squeue")
