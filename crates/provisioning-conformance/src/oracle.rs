@@ -1090,6 +1090,48 @@ pub(crate) fn g09_passes_keep_failure_counts(
     )
 }
 
+/// G15 (report form): a session's convergence is reported at most once: no
+/// report is dispatched for an attempt whose report was acknowledged.
+pub(crate) fn g15_convergence_reported_once(
+    dispatch: &NewDispatch,
+    reported: &BTreeSet<NodeAttemptId>,
+) -> Verdict {
+    ensure(
+        dispatch.pending.kind != EffectKind::BootstrapConvergenceObserved
+            || !reported.contains(&dispatch.pending.id.attempt()),
+        GuaranteeId::SessionCoherence,
+        || {
+            format!(
+                "{} dispatched {} {}, but the convergence of its session was already reported and acknowledged",
+                dispatch.node, dispatch.pending.kind, dispatch.pending.id
+            )
+        },
+    )
+}
+
+/// G15 (stream form): a bootstrap event of a session that already closed or
+/// was cancelled is rejected, never folded.
+pub(crate) fn g15_no_event_after_the_session_ended(
+    id: &LogicalNodeId,
+    before: &ManagedNode,
+    observation: &Observation,
+) -> Verdict {
+    let Observation::Bootstrap { event, .. } = observation else {
+        return Ok(());
+    };
+    let ended = before
+        .record
+        .bootstrap
+        .as_ref()
+        .is_some_and(|b| b.state != SessionState::Active);
+    ensure(!ended, GuaranteeId::SessionCoherence, || {
+        format!(
+            "{} folded the stream event {event:?} although its session had already ended",
+            label(id, before)
+        )
+    })
+}
+
 /// G17 (pass form): a node begins deletion only because its slot is
 /// undesired, its spec drifted, or it failed — never a desired, current one.
 pub(crate) fn g17_only_undesired_drifted_or_failed_nodes_are_deleted(

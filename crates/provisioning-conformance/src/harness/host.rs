@@ -516,7 +516,13 @@ impl<S: Substrate> Harness<S> {
             verdict = verdict
                 .and_then(|()| oracle::g25_deadline_is_stored_at_dispatch(dispatch, &policy, now))
                 .and_then(|()| oracle::g09_no_effect_before_backoff(dispatch, pre, post, now))
-                .and_then(|()| oracle::g12_no_destructive_step_while_ambiguous(dispatch, pre));
+                .and_then(|()| oracle::g12_no_destructive_step_while_ambiguous(dispatch, pre))
+                .and_then(|()| {
+                    oracle::g15_convergence_reported_once(
+                        dispatch,
+                        &self.executor_watch.convergence_reported,
+                    )
+                });
         }
         let mut replacements = 0;
         let mut scale_downs = 0;
@@ -700,6 +706,13 @@ impl<S: Substrate> Harness<S> {
             self.check_fold(&result.node.clone(), &before, &FoldCause::Result(&result))?;
         }
         match &result.outcome {
+            Ok(EffectOutput::ConvergenceAcknowledged)
+                if result.kind == EffectKind::BootstrapConvergenceObserved =>
+            {
+                self.executor_watch
+                    .convergence_reported
+                    .insert(result.op.attempt());
+            }
             Ok(EffectOutput::Endpoint(EndpointLookup::NotReady)) => {
                 self.vacuity.endpoint_probes += 1;
             }
@@ -751,7 +764,14 @@ impl<S: Substrate> Harness<S> {
             });
         };
         match outcome {
-            Ok(()) => self.check_fold(&node_id, &before, &FoldCause::Observation(&observation)),
+            Ok(()) => {
+                self.check(oracle::g15_no_event_after_the_session_ended(
+                    &node_id,
+                    &before,
+                    &observation,
+                ))?;
+                self.check_fold(&node_id, &before, &FoldCause::Observation(&observation))
+            }
             Err(error) if Harness::<S>::edge_error(&error) => {
                 self.edges_reached = true;
                 Ok(())

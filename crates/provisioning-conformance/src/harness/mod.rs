@@ -403,6 +403,9 @@ struct ExecutorWatch {
     submitted: BTreeSet<OperationId>,
     expired: BTreeSet<OperationId>,
     retired: BTreeSet<NodeAttemptId>,
+    /// Attempts whose convergence report was acknowledged (at most one per
+    /// session).
+    convergence_reported: BTreeSet<NodeAttemptId>,
 }
 
 #[derive(Clone, Debug)]
