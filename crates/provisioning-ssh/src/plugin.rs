@@ -61,8 +61,10 @@ pub enum FaultMode {
 ///   adopts it and `list_nodes` finds it from any controller, also after a
 ///   restart. The lease handle is `ssh:{host}:{run}/{node}/a{attempt}`.
 /// - `create_node` first asks every host whether the key's claim exists
-///   (adopting it when it does), then claims a slot on the first host, in
-///   inventory order, that has one free. No free slot anywhere is a definite
+///   (adopting it when it does), then claims a slot on the first host that
+///   has one free, in inventory order starting at the host of the node's
+///   index (so a group spreads over the inventory and its creates do not
+///   all queue for one host's lock). No free slot anywhere is a definite
 ///   failure that names the inventory and says what each host answered.
 /// - Every call is one `ssh … sh -s` with the script on standard input,
 ///   `BatchMode=yes`, `StrictHostKeyChecking=yes` against the configured
@@ -111,7 +113,15 @@ pub struct SshPlugin {
     /// The live claims this instance created or adopted, with their host:
     /// what [`SshPlugin::check_losses`] watches.
     known: Mutex<BTreeMap<AttemptKey, usize>>,
+    /// Per host, the last listing of the run's claims and when it started.
+    listings: Vec<tokio::sync::Mutex<Option<Listing>>>,
 }
+
+/// A listing of a host's claims: when it started, and what it found.
+type Listing = (
+    tokio::time::Instant,
+    Result<Option<Arc<BTreeSet<String>>>, SshFailure>,
+);
 
 /// The agent side of a plugin made with [`SshPlugin::start`].
 struct AgentRuntime {
@@ -166,6 +176,7 @@ impl SshPlugin {
     /// Every problem of the configuration ([`SshPluginConfig::validate`]).
     pub fn new(config: SshPluginConfig) -> Result<Self, ConfigErrors> {
         config.validate()?;
+        let hosts = config.hosts.len();
         Ok(SshPlugin {
             config: Arc::new(config),
             shared: Arc::new(Shared::default()),
@@ -173,6 +184,7 @@ impl SshPlugin {
             sent: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(BTreeMap::new()),
             known: Mutex::new(BTreeMap::new()),
+            listings: (0..hosts).map(|_| tokio::sync::Mutex::new(None)).collect(),
         })
     }
 
@@ -741,6 +753,41 @@ impl SshPlugin {
         }
     }
 
+    /// The claims (`{node}/a{attempt}`) of this plugin's run on host
+    /// `index`, from a listing that started at `since` or later: a running
+    /// or recent one is shared. `None` when the reply made no sense.
+    async fn claims_on(
+        &self,
+        index: usize,
+        since: tokio::time::Instant,
+    ) -> Result<Option<Arc<BTreeSet<String>>>, SshFailure> {
+        let mut listing = self.listings[index].lock().await;
+        if let Some((at, outcome)) = listing.as_ref()
+            && *at >= since
+        {
+            return outcome.clone();
+        }
+        let at = tokio::time::Instant::now();
+        let outcome = match self
+            .call(index, None, &script::list(self.config.run_id.as_str()))
+            .await
+        {
+            Ok(reply) if reply.verdict() == "END" => Ok(Some(Arc::new(
+                reply
+                    .stdout
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("CLAIM "))
+                    .filter_map(|claim| claim.split_whitespace().next())
+                    .map(str::to_owned)
+                    .collect(),
+            ))),
+            Ok(_) => Ok(None),
+            Err(failure) => Err(failure),
+        };
+        *listing = Some((at, outcome.clone()));
+        outcome
+    }
+
     /// Whether `key`'s claim is on `host`; `None` when the reply made no sense.
     async fn probe(&self, host: usize, path: &str) -> Result<Option<bool>, SshFailure> {
         let reply = self.call(host, None, &script::probe(path)).await?;
@@ -770,7 +817,24 @@ impl ProvisionPlugin for SshPlugin {
         let path = claim_path(key)?;
         let hosts = &self.config.hosts;
         // Look on every host first: an existing claim is adopted.
-        let probes = join_all((0..hosts.len()).map(|i| self.probe(i, &path))).await;
+        // One listing per host, shared by the creates that began before it
+        // started (a group's creates arrive together): not one probe per
+        // host and node.
+        let since = tokio::time::Instant::now();
+        let claim = format!("{}/{}", key.node, key.attempt);
+        let probes = join_all((0..hosts.len()).map(|i| {
+            let claim = claim.as_str();
+            let path = path.as_str();
+            async move {
+                if key.run_id != self.config.run_id {
+                    return self.probe(i, path).await;
+                }
+                self.claims_on(i, since)
+                    .await
+                    .map(|claims| claims.map(|claims| claims.contains(claim)))
+            }
+        }))
+        .await;
         let sent = lock(&self.sent).get(key).cloned().unwrap_or_default();
         let mut notes = Vec::new();
         let mut usable = Vec::new();
@@ -810,6 +874,11 @@ impl ProvisionPlugin for SshPlugin {
         }
         // An armed fault holds for every claim of this call.
         let fault = self.take_fault(FaultStep::Claim);
+        // Nodes spread over the inventory: a node's search starts at the
+        // host of its index, so a group's concurrent creates do not all
+        // queue for the first host's lock.
+        let start = key.node.index() as usize % hosts.len();
+        usable.sort_by_key(|&index| (index + hosts.len() - start) % hosts.len());
         for index in usable {
             let host = &hosts[index];
             let port = (fault == Some(FaultMode::Refused)).then_some(REFUSED_PORT);

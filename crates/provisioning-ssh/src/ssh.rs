@@ -35,7 +35,7 @@ impl Reply {
 }
 
 /// Why a call produced no reply.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum SshFailure {
     /// The host's key is not in the known-hosts file, or differs from it.
     /// Nothing ran.

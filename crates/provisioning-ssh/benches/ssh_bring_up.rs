@@ -1,0 +1,345 @@
+//! SSH bring-up: how much the reconciler adds to bringing up nodes on a
+//! fleet of real SSH hosts.
+//!
+//! A testbed of N `sshd` hosts, each in a network namespace of its own
+//! (`tests/common`), one slot per host, one node per host. Two variants
+//! bring up the same nodes with the same [`SshPlugin`] calls, interleaved
+//! repetition by repetition so that both see the same machine noise:
+//!
+//! - **reconciler**: a [`Host`] with the plugin, as `provision up` wires it;
+//!   timed from applying the shape to every node ready and converged.
+//! - **direct**: the plugin driven directly, every node at once: create,
+//!   look up the endpoint, start the bootstrap, wait for the agent's join,
+//!   complete the bootstrap — the same SSH calls, with nothing around them.
+//!
+//! The agent (`provision-remote-agent`) is installed on every host before
+//! the first repetition, so both variants measure a warm fleet (a cold
+//! host adds one upload to whichever variant comes first). Between
+//! repetitions every node is destroyed and the hosts are checked for
+//! leftover claims.
+//!
+//! Run it (as root) with `cargo bench -p provisioning-ssh --bench
+//! ssh_bring_up`, options after `--`: `--hosts 16`, `--reps 3`.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Testbed;
+use provisioning::observe::BootstrapEvent;
+use provisioning::{
+    BootParams, EndpointLookup, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeGroup,
+    NodeTemplate, Observation, ProviderShape, RetryPolicy, RunId, SwarmJoinTemplate,
+};
+use provisioning_process::RunSecret;
+use provisioning_provider::{AttemptKey, BootstrapRequest, ObservationSink, ProvisionPlugin};
+use provisioning_runtime::{Host, HostConfig, PluginEntry};
+use provisioning_ssh::SshPlugin;
+use tokio::sync::watch;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_provision-remote-agent");
+
+/// The bound on one bring-up.
+const BRING_UP_BOUND: Duration = Duration::from_secs(300);
+
+/// The endpoint probe interval `provision up` uses.
+const PROBE_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Every node's boot: one verify command and a sleeping workload.
+const VERIFY_COMMAND: &str = "true";
+const WORKLOAD: &str = "sleep 3600";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Direct,
+    Reconciler,
+}
+
+struct Options {
+    hosts: usize,
+    reps: usize,
+}
+
+fn options() -> Result<Options, String> {
+    let mut options = Options { hosts: 16, reps: 3 };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut number = |name: &str| -> Result<usize, String> {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{name} takes a positive number"))
+        };
+        match arg.as_str() {
+            "--hosts" => options.hosts = number("--hosts")?,
+            "--reps" => options.reps = number("--reps")?,
+            // What `cargo bench` passes to every bench binary.
+            "--bench" => {}
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    Ok(options)
+}
+
+fn template(boot: BootParams) -> NodeTemplate {
+    NodeTemplate {
+        role: "web".to_owned(),
+        provider: provisioning_ssh::PROVIDER_KIND.to_owned(),
+        shape: ProviderShape::default(),
+        boot,
+        swarm_join: SwarmJoinTemplate {
+            swarm: "main".to_owned(),
+            labels: BTreeMap::new(),
+        },
+    }
+}
+
+fn boot() -> BootParams {
+    BootParams {
+        user: String::new(),
+        verify_commands: vec![VERIFY_COMMAND.to_owned()],
+        start_command: WORKLOAD.to_owned(),
+        env: BTreeMap::new(),
+        args: Vec::new(),
+    }
+}
+
+/// The nodes that joined, as the sink reports them.
+fn joined_watch(plugin: &SshPlugin) -> watch::Receiver<BTreeSet<LogicalNodeId>> {
+    let (tx, rx) = watch::channel(BTreeSet::new());
+    plugin.attach(ObservationSink::new(move |observation| {
+        if let Observation::Bootstrap {
+            node,
+            event: BootstrapEvent::Joined,
+            ..
+        } = observation
+        {
+            tx.send_modify(|joined| {
+                joined.insert(node);
+            });
+        }
+    }));
+    rx
+}
+
+async fn direct(plugin: Arc<SshPlugin>, run: &RunId, nodes: usize) -> Result<(), String> {
+    let joined = joined_watch(&plugin);
+    let template = Arc::new(template(boot()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for index in 0..nodes {
+        let key = AttemptKey {
+            run_id: run.clone(),
+            node: LogicalNodeId::new(GroupId::new("web"), index as u32),
+            attempt: NodeAttemptId::from_raw(index as u64 + 1),
+        };
+        let spec = LogicalNodeSpec::new(key.node.clone(), run.clone(), template.clone());
+        let plugin = plugin.clone();
+        let mut joined = joined.clone();
+        tasks.spawn(async move {
+            let lease = plugin
+                .create_node(&key, &spec)
+                .await
+                .map_err(|e| format!("create {key}: {e}"))?;
+            let endpoint = loop {
+                match plugin.lookup_endpoint(&key, &lease.lease).await {
+                    Ok(EndpointLookup::Ready(endpoint)) => break endpoint,
+                    Ok(EndpointLookup::NotReady) => tokio::time::sleep(PROBE_INTERVAL).await,
+                    Err(e) => return Err(format!("lookup {key}: {e}")),
+                }
+            };
+            let request = BootstrapRequest {
+                spec,
+                lease: lease.lease,
+                endpoint,
+            };
+            let session = plugin
+                .start_bootstrap(&key, &request)
+                .await
+                .map_err(|e| format!("start {key}: {e}"))?;
+            joined
+                .wait_for(|joined| joined.contains(&key.node))
+                .await
+                .map_err(|_| format!("no join of {key}"))?;
+            plugin
+                .complete_bootstrap(&key, Some(&session.session))
+                .await
+                .map_err(|e| format!("complete {key}: {e}"))
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
+async fn destroy_all(plugin: &SshPlugin, run: &RunId) -> Result<(), String> {
+    let listed = plugin.list_nodes(run).await.map_err(|e| e.to_string())?;
+    for node in listed {
+        plugin
+            .destroy_node(&node.key, &node.lease)
+            .await
+            .map_err(|e| format!("destroy {}: {e}", node.key))?;
+    }
+    Ok(())
+}
+
+async fn reconciler(plugin: Arc<SshPlugin>, run: &RunId, nodes: usize) -> Result<(), String> {
+    let mut config = HostConfig::new(run.clone());
+    config.policy = RetryPolicy {
+        endpoint_probe_interval: PROBE_INTERVAL,
+        ..RetryPolicy::default()
+    };
+    let host = Host::start(config, vec![PluginEntry::new(plugin)]).map_err(|e| e.to_string())?;
+    let handle = host.handle();
+    let mut progress = handle.subscribe();
+    let group = NodeGroup {
+        id: GroupId::new("web"),
+        run_id: run.clone(),
+        count: nodes as u32,
+        template: template(boot()),
+    };
+    handle
+        .apply_revision(run.clone(), vec![group])
+        .await
+        .map_err(|e| e.to_string())?;
+    let converged = progress
+        .wait_for(|snapshot| snapshot.converged && snapshot.ready_count() == nodes)
+        .await
+        .is_ok();
+    // Teardown is not timed: the sample ends at convergence.
+    handle.shutdown().await;
+    host.join().await;
+    if converged {
+        Ok(())
+    } else {
+        Err("the host stopped before convergence".to_owned())
+    }
+}
+
+async fn measure(
+    bed: &Testbed,
+    variant: Variant,
+    rep: usize,
+    nodes: usize,
+) -> Result<Duration, String> {
+    let name = format!(
+        "bench-{rep}-{}",
+        if variant == Variant::Direct {
+            "direct"
+        } else {
+            "reconciler"
+        }
+    );
+    let run = RunId::new(name.as_str());
+    let agent = bed.agent_config(AGENT, RunSecret::generate(), 0);
+    let plugin = SshPlugin::start(bed.config(&name, 1), agent)
+        .await
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let brought_up = match variant {
+        Variant::Direct => {
+            tokio::time::timeout(BRING_UP_BOUND, direct(plugin.clone(), &run, nodes)).await
+        }
+        Variant::Reconciler => {
+            tokio::time::timeout(BRING_UP_BOUND, reconciler(plugin.clone(), &run, nodes)).await
+        }
+    };
+    let elapsed = started.elapsed();
+    // Whatever happened, nothing of the run stays on the hosts.
+    destroy_all(&plugin, &run).await?;
+    let left: usize = bed.hosts.iter().map(|h| h.claims_of(&name).len()).sum();
+    match brought_up {
+        Err(_) => Err(format!("no bring-up within {BRING_UP_BOUND:?}")),
+        Ok(Err(error)) => Err(error),
+        Ok(Ok(())) if left > 0 => Err(format!("{left} claim(s) left after teardown")),
+        Ok(Ok(())) => Ok(elapsed),
+    }
+}
+
+fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+async fn run(options: Options) -> Result<(), String> {
+    eprintln!(
+        "starting {} sshd hosts in network namespaces...",
+        options.hosts
+    );
+    let bed = Testbed::start_netns(options.hosts);
+    // Warm: the agent is on every host before anything is timed.
+    let installer = SshPlugin::new(bed.config("bench-install", 1)).map_err(|e| e.to_string())?;
+    for host in &bed.hosts {
+        installer
+            .install_agent(&host.name, Path::new(AGENT))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let mut direct_samples = Vec::new();
+    let mut reconciler_samples = Vec::new();
+    for rep in 0..options.reps {
+        // Alternate which variant goes first.
+        let order = if rep % 2 == 0 {
+            [Variant::Direct, Variant::Reconciler]
+        } else {
+            [Variant::Reconciler, Variant::Direct]
+        };
+        for variant in order {
+            let elapsed = measure(&bed, variant, rep, options.hosts).await?;
+            eprintln!("rep {rep}: {variant:?} {:.3} s", elapsed.as_secs_f64());
+            match variant {
+                Variant::Direct => direct_samples.push(elapsed),
+                Variant::Reconciler => reconciler_samples.push(elapsed),
+            }
+        }
+    }
+    let direct = median(&mut direct_samples);
+    let reconciler = median(&mut reconciler_samples);
+    println!(
+        "ssh bring-up, {} hosts, {} node(s), {} rep(s), medians: direct {:.3} s, reconciler {:.3} s, ratio {:.2}",
+        options.hosts,
+        options.hosts,
+        options.reps,
+        direct.as_secs_f64(),
+        reconciler.as_secs_f64(),
+        reconciler.as_secs_f64() / direct.as_secs_f64()
+    );
+    println!(
+        "direct samples: {:?}\nreconciler samples: {:?}",
+        direct_samples, reconciler_samples
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let options = match options() {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
