@@ -138,14 +138,17 @@ enum Command {
         /// The shape file (TOML).
         file: PathBuf,
     },
-    /// Runs the seam contract suite against a provider program that speaks
-    /// the plugin protocol (docs/plugin-protocol.md); exits 0 only when no
-    /// contract failed.
+    /// Runs the seam contract suite and the kit's battery against a provider
+    /// program that speaks the plugin protocol (docs/plugin-protocol.md);
+    /// exits 0 only when no contract failed and the battery passed.
     Conformance {
         /// The program and its arguments, split at whitespace
         /// (for example "python3 provider.py").
         #[arg(long, value_name = "CMD")]
         plugin: String,
+        /// Battery seeds per mode (both modes run; 0 skips the battery).
+        #[arg(long, value_name = "N", default_value_t = provisioning_exec::battery::DEFAULT_BATTERY_SEEDS)]
+        seeds: usize,
         /// Also writes the report as JUnit XML to FILE.
         #[arg(long, value_name = "FILE")]
         junit: Option<PathBuf>,
@@ -241,9 +244,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Resume { group, run } => runtime()?.block_on(resume(&location, run, group)),
         Command::Validate { file } => Ok(validate(&file)),
-        Command::Conformance { plugin, junit } => {
-            runtime()?.block_on(conformance::run(&plugin, junit.as_deref()))
-        }
+        Command::Conformance {
+            plugin,
+            seeds,
+            junit,
+        } => runtime()?.block_on(conformance::run(&plugin, seeds, junit.as_deref())),
         Command::Agent { args } => Ok(local::agent_main(args)),
     }
 }

@@ -1,7 +1,9 @@
 //! `provision conformance --plugin` against the example provider programs
 //! in `examples/providers/`, through the real `provision` binary: the
-//! reference provider passes with exit 0 and a clean JUnit report, and the
-//! broken variant fails with the broken contract named.
+//! reference provider passes the seam contract suite and the battery (8
+//! seeds × both modes) with exit 0 and a clean JUnit report, and the broken
+//! variant fails both, with the broken contract and the broken guarantee
+//! named; the battery's reproduction line reruns the failing case.
 //!
 //! Needs `python3` on the PATH; without it these tests fail, saying so.
 
@@ -29,6 +31,17 @@ fn require_python() {
 
 /// Runs `provision conformance --plugin "python3 SCRIPT ARGS" --junit JUNIT`.
 fn conformance(script: &str, args: &[&str], junit: &Path) -> (Output, String) {
+    conformance_with(script, args, junit, &[], &[])
+}
+
+/// [`conformance`] with more `provision` arguments and environment variables.
+fn conformance_with(
+    script: &str,
+    args: &[&str],
+    junit: &Path,
+    more: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, String) {
     require_python();
     let mut plugin = format!("python3 {}", examples().join(script).display());
     for arg in args {
@@ -41,6 +54,8 @@ fn conformance(script: &str, args: &[&str], junit: &Path) -> (Output, String) {
         .arg(&plugin)
         .arg("--junit")
         .arg(junit)
+        .args(more)
+        .envs(env.iter().copied())
         .output()
         .expect("the provision binary runs");
     let text = format!(
@@ -232,6 +247,10 @@ fn the_reference_provider_program_passes_the_whole_suite_with_exit_zero_and_clea
     let (output, text) = conformance("dirs.py", &["--root", &root_arg], &junit);
     assert_eq!(output.status.code(), Some(0), "{text}");
     assert!(text.contains("0 failed, 0 skipped"), "{text}");
+    assert!(
+        text.contains("16 trace evaluations") && text.contains("\npassed\n"),
+        "the battery ran 8 seeds x 2 modes and passed: {text}"
+    );
 
     let report = read_junit(&junit, &text);
     assert_eq!(report.name, "testsuites");
@@ -246,7 +265,16 @@ fn the_reference_provider_program_passes_the_whole_suite_with_exit_zero_and_clea
         assert_eq!(tests, suite.find("testcase").len());
         cases += tests;
     }
-    assert!(cases >= 10, "every contract is a test case, got {cases}");
+    assert!(
+        cases >= 11,
+        "every contract and the battery are test cases, got {cases}"
+    );
+    let battery: Vec<&Element> = report
+        .find("testsuite")
+        .into_iter()
+        .filter(|suite| suite.attribute("name") == "battery")
+        .collect();
+    assert_eq!(battery.len(), 1, "one battery suite: {text}");
     assert!(report.find("failure").is_empty(), "{text}");
     assert!(report.find("error").is_empty(), "{text}");
     assert!(report.find("skipped").is_empty(), "{text}");
@@ -283,6 +311,71 @@ fn the_broken_provider_program_that_creates_anew_fails_naming_create_twice_adopt
     assert!(failed.contains(&"create-twice-adopts"), "{failed:?}");
     // Only the contracts about adoption on create break.
     assert!(!failed.contains(&"list-is-exact"), "{failed:?}");
+
+    // The battery catches the same defect as a guarantee: two live machines
+    // for one attempt.
+    assert!(text.contains("G08 no double-create violated"), "{text}");
+    assert!(text.contains("battery: FAILED"), "{text}");
+    let battery_failures: Vec<&str> = report
+        .find("testsuite")
+        .into_iter()
+        .filter(|suite| suite.attribute("name") == "battery")
+        .flat_map(|suite| suite.find("failure"))
+        .map(|failure| failure.attribute("message"))
+        .collect();
+    assert!(
+        battery_failures.len() == 1 && battery_failures[0].starts_with("G08"),
+        "{battery_failures:?}"
+    );
+}
+
+#[test]
+fn the_battery_reproduction_line_reruns_exactly_the_failing_case_and_seeds_choose_its_size() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let junit = dir.path().join("report.xml");
+    // The case the broken provider fails (printed by its failure report).
+    let (output, text) = conformance_with(
+        "dirs_broken.py",
+        &[],
+        &junit,
+        &[],
+        &[
+            (
+                "PROVISIONING_TRACE",
+                "tick 30000ms; run fifo; tick 1000ms; run one 0",
+            ),
+            ("PROVISIONING_MODE", "adversarial"),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(text.contains("1 trace evaluations"), "{text}");
+    assert!(text.contains("G08 no double-create violated"), "{text}");
+    assert!(text.contains("PROVISIONING_TRACE='"), "{text}");
+    assert!(text.contains("provision conformance --plugin"), "{text}");
+
+    // The same case against the reference provider passes.
+    let (output, text) = conformance_with(
+        "dirs.py",
+        &[],
+        &junit,
+        &[],
+        &[
+            (
+                "PROVISIONING_TRACE",
+                "tick 30000ms; run fifo; tick 1000ms; run one 0",
+            ),
+            ("PROVISIONING_MODE", "adversarial"),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{text}");
+
+    // --seeds sets the battery's size; 0 skips it (and skipping fails nothing).
+    let (output, text) = conformance_with("dirs.py", &[], &junit, &["--seeds", "1"], &[]);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("2 trace evaluations"), "{text}");
+    let (output, text) = conformance_with("dirs.py", &[], &junit, &["--seeds", "0"], &[]);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("battery: SKIPPED: --seeds 0"), "{text}");
 }
 
 #[test]

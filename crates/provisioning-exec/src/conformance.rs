@@ -1,9 +1,12 @@
-//! The seam contract suite against a provider program, and its JUnit form.
+//! The seam contract suite against a provider program, and the JUnit form
+//! of its report and of the battery's.
 //!
 //! [`run_contract_suite_against`] runs the conformance kit's
 //! [`run_contract_suite`] with a fresh process of the program per contract,
 //! its test hooks (`inject_fault`, `lose_node`) as the [`ContractFaults`]
-//! and tokio's sleep as the pause; [`junit_xml`] renders the report.
+//! and tokio's sleep as the pause; [`junit_xml`] renders the report, and
+//! [`junit_xml_with_battery`] the report and a
+//! [battery](crate::battery::run_battery_against) outcome together.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +16,7 @@ use provisioning_conformance::contract::{
     ContractFaults, ContractReport, ContractSubject, ContractVerdict, run_contract_suite,
 };
 
+use crate::battery::BatteryOutcome;
 use crate::{ExecConfig, ExecError, ExecPlugin};
 
 /// The run the suite's nodes belong to.
@@ -48,6 +52,18 @@ pub async fn run_contract_suite_against(config: &ExecConfig) -> ContractReport {
 /// contract, `<failure>` for a broken contract and `<skipped>` for one that
 /// could not be checked.
 pub fn junit_xml(report: &ContractReport) -> String {
+    junit_document(report, None)
+}
+
+/// [`junit_xml`] with a second test suite, `battery`, holding one test case
+/// for the battery: `<failure>` with the shrunk failure when it failed (or
+/// could not run), `<skipped>` with the reason when the program lacks the
+/// hooks, and the report's summary as `<system-out>`.
+pub fn junit_xml_with_battery(report: &ContractReport, battery: &BatteryOutcome) -> String {
+    junit_document(report, Some(battery))
+}
+
+fn junit_document(report: &ContractReport, battery: Option<&BatteryOutcome>) -> String {
     let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     xml.push_str(&format!(
         "<testsuites>\n  <testsuite name=\"seam-contract\" package=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"{}\">\n",
@@ -76,8 +92,65 @@ pub fn junit_xml(report: &ContractReport) -> String {
             )),
         }
     }
-    xml.push_str("  </testsuite>\n</testsuites>\n");
+    xml.push_str("  </testsuite>\n");
+    if let Some(battery) = battery {
+        xml.push_str(&junit_battery_suite(&report.kind, battery));
+    }
+    xml.push_str("</testsuites>\n");
     xml
+}
+
+fn junit_battery_suite(kind: &str, battery: &BatteryOutcome) -> String {
+    let class = format!("battery.{}", escape(kind));
+    let (name, failed, skipped, body) = match battery {
+        BatteryOutcome::Ran { report, .. } => {
+            let name = format!(
+                "{} trace evaluations, {} fair tails converged",
+                report.traces, report.converged
+            );
+            let body = match report.failures.first() {
+                Some(failure) => format!(
+                    "      <failure message=\"{}\">{}</failure>\n",
+                    escape(&format!(
+                        "{} {}: {}",
+                        failure.guarantee(),
+                        failure.mode.name(),
+                        failure.violation.detail
+                    )),
+                    escape(&failure.to_string())
+                ),
+                None => String::new(),
+            };
+            let out = format!(
+                "      <system-out>{}</system-out>\n",
+                escape(&report.to_string())
+            );
+            (name, !report.passed(), false, body + &out)
+        }
+        BatteryOutcome::Skipped(why) => (
+            "battery".to_owned(),
+            false,
+            true,
+            format!("      <skipped message=\"{}\"/>\n", escape(why)),
+        ),
+        BatteryOutcome::Broken(why) => (
+            "battery".to_owned(),
+            true,
+            false,
+            format!(
+                "      <failure message=\"{}\">{}</failure>\n",
+                escape(why),
+                escape(why)
+            ),
+        ),
+    };
+    format!(
+        "  <testsuite name=\"battery\" package=\"{}\" tests=\"1\" failures=\"{}\" errors=\"0\" skipped=\"{}\">\n    <testcase name=\"{}\" classname=\"{class}\">\n{body}    </testcase>\n  </testsuite>\n",
+        escape(kind),
+        u8::from(failed),
+        u8::from(skipped),
+        escape(&name)
+    )
 }
 
 /// Escapes text for XML attributes and content; drops characters XML 1.0
@@ -140,5 +213,20 @@ mod tests {
         );
         assert!(xml.contains("<skipped message=\"no hook\"/>"), "{xml}");
         assert!(!xml.contains('\u{1}'));
+        let with = junit_xml_with_battery(
+            &report,
+            &BatteryOutcome::Skipped("no <live> hook".to_owned()),
+        );
+        assert!(with.contains("<testsuite name=\"battery\""), "{with}");
+        assert!(
+            with.contains("<skipped message=\"no &lt;live&gt; hook\"/>"),
+            "{with}"
+        );
+        let broken = junit_xml_with_battery(&report, &BatteryOutcome::Broken("gone".to_owned()));
+        assert!(
+            broken.contains("tests=\"1\" failures=\"1\" errors=\"0\" skipped=\"0\""),
+            "{broken}"
+        );
+        assert!(broken.trim_end().ends_with("</testsuites>"), "{broken}");
     }
 }
