@@ -5,7 +5,8 @@ Asked again for an attempt whose machine already exists — the retry after
 a lost reply, the everyday case — it makes a second machine instead of
 answering the first. The driver would then leak a machine on every
 ambiguous create. The seam contract suite must fail it, naming
-create-twice-adopts (and the other contracts that retry a create):
+create-twice-adopts (and the other contracts that retry a create), and the
+battery must fail it too, naming G08 (no double-create):
 
     provision conformance --plugin "python3 examples/providers/dirs_broken.py"
 
