@@ -23,6 +23,9 @@ pub const TICK_SIZES_MS: [u64; 13] = [
     1, 10, 250, 999, 1_000, 1_001, 2_000, 5_000, 29_999, 30_000, 30_001, 61_000, 120_000,
 ];
 
+/// The default share of seeds (in a thousand) with untidy interleavings.
+pub const INTERLEAVE_PER_MILLE: u32 = 250;
+
 /// How the generator shapes traces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GeneratorConfig {
@@ -39,6 +42,9 @@ pub struct GeneratorConfig {
     /// closing note has their reproductions), and a battery must be green.
     /// The other seeds' traces do not depend on this setting.
     pub executor_inputs_per_mille: u32,
+    /// How many seeds in a thousand run with untidy interleavings (a pass
+    /// after every single delivery; [`TraceHeader::interleave`]).
+    pub interleave_per_mille: u32,
 }
 
 impl Default for GeneratorConfig {
@@ -48,6 +54,7 @@ impl Default for GeneratorConfig {
             max_inputs: 96,
             edges_per_mille: 60,
             executor_inputs_per_mille: 0,
+            interleave_per_mille: INTERLEAVE_PER_MILLE,
         }
     }
 }
@@ -198,6 +205,7 @@ fn draw_header(seed: u64, config: &GeneratorConfig, rng: &mut SplitMix64) -> Tra
         jitter_per_mille,
         attempt_limit: None,
         clock_start_ms: 0,
+        interleave: false,
     };
     if rng.chance(config.edges_per_mille) {
         if rng.chance(500) {
@@ -206,6 +214,8 @@ fn draw_header(seed: u64, config: &GeneratorConfig, rng: &mut SplitMix64) -> Tra
             header.clock_start_ms = u64::MAX - rng.between(10_000, 600_000);
         }
     }
+    // From a fork, so the draws above stay as they were.
+    header.interleave = rng.fork().chance(config.interleave_per_mille);
     header
 }
 
@@ -340,6 +350,7 @@ mod tests {
             max_inputs: 70,
             edges_per_mille: 0,
             executor_inputs_per_mille: 0,
+            interleave_per_mille: 0,
         };
         for seed in 0..50 {
             let trace = generate(seed, &config);

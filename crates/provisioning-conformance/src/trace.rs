@@ -597,6 +597,11 @@ pub struct TraceHeader {
     /// The clock at the start of the trace, in milliseconds; a value near
     /// `u64::MAX` makes deadlines saturate (G13).
     pub clock_start_ms: u64,
+    /// Untidy interleavings: the host runs the driver's passes after every
+    /// single delivery of a result or an observation instead of folding
+    /// everything available first, so a pass can fall between any two
+    /// deliveries. Text form: a header line `interleave`.
+    pub interleave: bool,
 }
 
 impl TraceHeader {
@@ -717,6 +722,9 @@ impl fmt::Display for Trace {
         }
         if header.clock_start_ms != 0 {
             writeln!(f, "clock-start {}", header.clock_start_ms)?;
+        }
+        if header.interleave {
+            writeln!(f, "interleave")?;
         }
         for input in &self.inputs {
             writeln!(f, "{input}")?;
@@ -977,6 +985,7 @@ fn parse_header(
         "jitter" => "jitter",
         "attempt-limit" => "attempt-limit",
         "clock-start" => "clock-start",
+        "interleave" => "interleave",
         _ => return Ok(false),
     };
     if seen.contains(&key) {
@@ -995,6 +1004,7 @@ fn parse_header(
         "attempt-limit" => {
             header.attempt_limit = Some(parse_u64(words.next("limit")?, "attempt limit")?);
         }
+        "interleave" => header.interleave = true,
         _ => header.clock_start_ms = parse_u64(words.next("clock start")?, "clock start")?,
     }
     Ok(true)
@@ -1117,6 +1127,7 @@ mod tests {
                 jitter_per_mille: 250,
                 attempt_limit: Some(9),
                 clock_start_ms: u64::MAX - 5,
+                interleave: true,
             },
             inputs: every_input_shape(),
         };

@@ -165,6 +165,9 @@ enum Flaw {
     /// A backend answer of another method's output is folded as a definite
     /// failure instead of an ambiguous one.
     TrustsWrongAnswers,
+    /// An acknowledged convergence report is forgotten, so the report is
+    /// sent again if a pass comes before the session closes.
+    ForgetsConvergenceReport,
 }
 
 struct Broken {
@@ -208,6 +211,9 @@ fn rebuild(inner: &mut ClusterDriver, mut edit: impl FnMut(&mut ClusterState) ->
         let desired = inner.desired().clone();
         let policy = *inner.policy();
         *inner = ClusterDriver::with_state(desired, state, policy);
+        // The harness journals what the driver reports changed; a reloaded
+        // driver keeps reporting (the edit itself is not reported).
+        inner.track_changes();
     }
 }
 
@@ -447,6 +453,20 @@ impl DriverUnderTest for Broken {
             return self.inner.apply_executor_result(&definite, now);
         }
         let folded = self.inner.apply_executor_result(result, now);
+        if self.flaw == Flaw::ForgetsConvergenceReport
+            && result.kind == provisioning::EffectKind::BootstrapConvergenceObserved
+        {
+            rebuild(&mut self.inner, |state| {
+                let Some(facts) = state
+                    .nodes
+                    .get_mut(&result.node)
+                    .and_then(|n| n.record.bootstrap.as_mut())
+                else {
+                    return false;
+                };
+                std::mem::take(&mut facts.convergence_observed)
+            });
+        }
         if self.flaw == Flaw::StageIgnoresLease {
             rebuild(&mut self.inner, |state| {
                 let Some(node) = state.nodes.get_mut(&result.node) else {
@@ -899,4 +919,13 @@ fn the_real_executor_deduplicates_every_resubmitted_operation() {
     );
     let tail = stepper.run_fair_tail();
     assert!(tail.converged, "{}", tail.pending_description);
+}
+
+#[test]
+fn a_convergence_report_sent_twice_is_caught_as_g15_under_untidy_interleavings() {
+    // Only a pass between the report's answer and the session's close sees
+    // the forgotten report: the interleaving seeds find it.
+    let failure = first_failure(broken_battery(Flaw::ForgetsConvergenceReport));
+    check_caught(&failure, &[GuaranteeId::SessionCoherence]);
+    assert!(failure.shrunk.header.interleave, "{failure}");
 }

@@ -75,6 +75,7 @@ impl<S: Substrate> Harness<S> {
             attempts: oracle::AttemptsSeen::default(),
             failures: BTreeMap::new(),
             executor_watch: super::ExecutorWatch::default(),
+            interleave: header.interleave,
             model,
             generation: first_generation.saturating_sub(1),
             history: VecDeque::new(),
@@ -435,10 +436,12 @@ impl<S: Substrate> Harness<S> {
                     &self.executor_watch.expired,
                 ))?;
                 self.deliver_result(result)?;
+                self.pass_between_deliveries()?;
                 progressed = true;
             }
             for observation in self.substrate.take_observations() {
                 self.deliver_observation(observation)?;
+                self.pass_between_deliveries()?;
                 progressed = true;
             }
             progressed |= self.fold_due_timeouts()?;
@@ -455,6 +458,16 @@ impl<S: Substrate> Harness<S> {
                 summarize(self.driver.state())
             ),
         )))
+    }
+
+    /// Under untidy interleavings, the passes a delivery makes due run at
+    /// once, before the next delivery.
+    fn pass_between_deliveries(&mut self) -> Result<(), Violation> {
+        if self.interleave {
+            self.drive()?;
+            self.check_calls()?;
+        }
+        Ok(())
     }
 
     pub(super) fn edge_error(error: &DriverError) -> bool {

@@ -440,6 +440,9 @@ struct Harness<S: Substrate> {
     /// recent last, for `resubmit`), every id handed to it, the ids it
     /// expired, and the attempts retired from it.
     executor_watch: ExecutorWatch,
+    /// A pass after every single delivery
+    /// ([`TraceHeader::interleave`](crate::trace::TraceHeader::interleave)).
+    interleave: bool,
     generation: u64,
     history: VecDeque<Delivery>,
     timed_out: BTreeSet<OperationId>,
@@ -496,6 +499,7 @@ mod tests {
             max_inputs: 24,
             edges_per_mille: 0,
             executor_inputs_per_mille: 0,
+            interleave_per_mille: 0,
         };
         let limits = [Some(0), Some(1), Some(2), None];
         let clocks = [0, u64::MAX, u64::MAX - 1, u64::MAX - 30_000];
