@@ -341,6 +341,9 @@ impl Schedule {
 struct ChangeTracker {
     nodes: BTreeSet<LogicalNodeId>,
     meta: bool,
+    /// The breakers as last written: a change set carries the meta again
+    /// when they differ (a handful of groups, compared per change set).
+    written_breakers: BTreeMap<GroupId, BreakerStatus>,
 }
 
 /// What the limits keep between passes.
@@ -1479,7 +1482,11 @@ impl ClusterDriver {
     /// whole state.
     pub fn track_changes(&mut self) {
         let nodes = self.state.nodes.keys().cloned().collect();
-        self.changes = Some(ChangeTracker { nodes, meta: true });
+        self.changes = Some(ChangeTracker {
+            nodes,
+            meta: true,
+            written_breakers: BTreeMap::new(),
+        });
     }
 
     /// The changes since the last call (empty when nothing changed, or when
@@ -1490,12 +1497,17 @@ impl ClusterDriver {
         let Some(tracker) = self.changes.as_mut() else {
             return ChangeSet::default();
         };
-        let tracker = std::mem::take(tracker);
+        let breakers_changed = tracker.written_breakers != self.limit_state.breakers;
+        if breakers_changed {
+            tracker.written_breakers = self.limit_state.breakers.clone();
+        }
+        let nodes = std::mem::take(&mut tracker.nodes);
+        let meta = std::mem::replace(&mut tracker.meta, false) || breakers_changed;
         let mut changes = ChangeSet {
-            meta: tracker.meta.then(|| self.durable_meta(now)),
+            meta: meta.then(|| self.durable_meta(now)),
             ..ChangeSet::default()
         };
-        for id in tracker.nodes {
+        for id in nodes {
             match self.state.nodes.get(&id) {
                 Some(node) => changes.upserts.push(durable_entry(node)),
                 None => changes.removed.push(id),
@@ -1528,6 +1540,7 @@ impl ClusterDriver {
             observed_generation: self.state.observed_generation,
             next_attempt: self.state.attempts.next_unallocated(),
             written_at: now,
+            breakers: self.limit_state.breakers.clone(),
         }
     }
 
@@ -1625,11 +1638,17 @@ impl ClusterDriver {
             nodes: map,
         };
         let mut driver = ClusterDriver::with_state(desired, state, policy);
+        let mut breakers = meta.breakers;
+        for breaker in breakers.values_mut() {
+            shift.breaker(breaker);
+        }
+        driver.limit_state.breakers = breakers;
         driver.track_changes();
         if let Some(changes) = &mut driver.changes {
             // Only what recovery itself changes needs writing again.
             changes.nodes.clear();
             changes.meta = report.allocator_raised;
+            changes.written_breakers = driver.limit_state.breakers.clone();
         }
         report.nodes = driver.state.nodes.len();
         let pending: Vec<_> = driver

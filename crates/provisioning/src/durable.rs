@@ -25,7 +25,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::id::{Generation, LogicalNodeId, NodeAttemptId, OperationSequence, RunId};
+use crate::id::{Generation, GroupId, LogicalNodeId, NodeAttemptId, OperationSequence, RunId};
+use crate::limits::BreakerStatus;
 use crate::shape::{ClusterShape, NodeTemplate, ShapeError};
 use crate::state::{Intent, NodeRecord, PendingOperation, RetryState};
 use crate::time::Timestamp;
@@ -48,6 +49,10 @@ pub struct DurableMeta {
     /// The driver's clock when the meta was taken. Recovery moves every stored
     /// instant by the distance between this and the new clock.
     pub written_at: Timestamp,
+    /// The groups' breakers that counted a failure since they were last
+    /// closed (absent in states written before breakers were durable).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub breakers: BTreeMap<GroupId, BreakerStatus>,
 }
 
 /// One node as it is written, without its template.
@@ -217,6 +222,12 @@ impl Shift {
         if let Some(t) = at {
             *t = self.apply(*t);
         }
+    }
+
+    /// Moves the instants of a breaker.
+    pub(crate) fn breaker(self, breaker: &mut BreakerStatus) {
+        self.apply_opt(&mut breaker.opened_at);
+        self.apply_opt(&mut breaker.recovered_at);
     }
 
     /// Moves every stored instant of a node.

@@ -88,22 +88,28 @@ pub struct Limits {
     pub breakers: BTreeMap<GroupId, BreakerPolicy>,
 }
 
-/// What a group's breaker looks like now.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a group's breaker looks like now. Durable: the host journals it
+/// with the state's meta, so a restarted controller keeps an open breaker
+/// open (and its count of failures) instead of retrying at full speed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BreakerStatus {
     /// Consecutive attempt failures since the group last had a node stay
     /// ready for the policy's stable window (or since its breaker was closed
     /// by hand or by a shape change).
     pub consecutive_failures: u32,
     /// When the breaker opened; `None` while it is closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opened_at: Option<Timestamp>,
     /// Whether a probe attempt is under way.
+    #[serde(default)]
     pub probing: bool,
     /// The last failure's reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// When a node of the group became ready after the last counted
     /// failure: once the stable window has passed since then, the group is
     /// healthy and the breaker closes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered_at: Option<Timestamp>,
 }
 

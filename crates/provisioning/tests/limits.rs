@@ -9,8 +9,8 @@ use std::time::Duration;
 use common::*;
 use provisioning::effect::Operation;
 use provisioning::{
-    BootstrapEvent, BreakerPolicy, ClusterDriver, EffectError, EffectKind, GroupId, Limits,
-    MaxUnavailable, Timestamp,
+    BootstrapEvent, BreakerPolicy, ClusterDriver, DurableState, EffectError, EffectKind, GroupId,
+    Limits, MaxUnavailable, RetryPolicy, RunId, Timestamp,
 };
 
 fn names(ops: &[Operation]) -> Vec<String> {
@@ -356,4 +356,68 @@ fn a_node_that_stays_ready_for_the_stable_window_makes_the_group_healthy_again()
     // is a first failure, and the breaker never opens.
     assert_eq!(lose_when_ready(&mut d, &mut sink, 0, 11_000), None);
     assert_eq!(d.breaker(&g).unwrap().consecutive_failures, 1);
+}
+
+#[test]
+fn an_open_breaker_is_journaled_and_stays_open_after_recovery() {
+    let g = GroupId::new("g");
+    let limits = Limits {
+        breakers: BTreeMap::from([(g.clone(), BreakerPolicy::new(2, Duration::from_secs(300)))]),
+        ..Limits::default()
+    };
+    let mut d = tracked(vec![group("g", 1, "img")]);
+    d.set_limits(limits.clone());
+    let mut sink = RecordingSink::default();
+    let mut now = at(0);
+    let mut state: Option<DurableState> = None;
+    let mut commit = |d: &mut ClusterDriver, now: Timestamp| {
+        let changes = d.take_changes(now);
+        let state = state.get_or_insert_with(|| DurableState {
+            meta: changes
+                .meta
+                .clone()
+                .expect("the first change set has the meta"),
+            nodes: Vec::new(),
+        });
+        state.apply(&changes);
+        state.clone()
+    };
+    for step in 0..20 {
+        now = at(step * 70_000);
+        failing_start(&mut d, &mut sink, now);
+        commit(&mut d, now);
+        if d.breaker(&g).is_some_and(|b| b.is_open()) {
+            break;
+        }
+    }
+    let opened = d.breaker(&g).and_then(|b| b.opened_at).expect("open");
+    let stored = commit(&mut d, now);
+    assert!(
+        stored.meta.breakers.get(&g).is_some_and(|b| b.is_open()),
+        "the committed meta carries the open breaker: {:?}",
+        stored.meta.breakers
+    );
+    // Nothing changed since: the next change set does not rewrite the meta.
+    assert!(d.take_changes(now).meta.is_none());
+
+    // A new controller, on a clock that started again (now 5 s).
+    let restarted = at(5_000);
+    let (mut recovered, _) =
+        ClusterDriver::recover(&RunId::new(RUN), stored, RetryPolicy::default(), restarted)
+            .expect("recovers");
+    recovered.set_limits(limits);
+    let breaker = recovered.breaker(&g).expect("the breaker survived").clone();
+    assert!(breaker.is_open());
+    assert_eq!(breaker.consecutive_failures, 2);
+    // Its opening moved onto the new clock with every other instant.
+    let shifted = breaker.opened_at.expect("open");
+    assert_eq!(
+        now.as_millis() - opened.as_millis(),
+        restarted.as_millis() - shifted.as_millis()
+    );
+    // Still open: no new attempt before the cool-down.
+    let before = shifted.saturating_add(Duration::from_secs(299));
+    assert_eq!(failing_start(&mut recovered, &mut sink, before), 0);
+    let probe = shifted.saturating_add(Duration::from_secs(300));
+    assert_eq!(failing_start(&mut recovered, &mut sink, probe), 1);
 }
