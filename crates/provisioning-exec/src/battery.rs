@@ -22,6 +22,15 @@
 //! out. The program's timing is not the trace's, so the substrate is not
 //! deterministic and G18/G20 are not checked.
 //!
+//! A released call is performed by the program at once, so the substrate
+//! polls the ready work right after a release: the call's answer then
+//! arrives with the machine it made (unlike Level 2, where a released call
+//! acts only when next polled).
+//!
+//! The program and its machines outlive a crash of the harness's controller
+//! ([`ScriptablePlugin::survives_controller_crash`]); an orphan is destroyed
+//! through the program's own `destroy_node`, found by its `live` answer.
+//!
 //! Every substrate serves a run of its own (the harness's run is renamed on
 //! the way to the program), so substrates never see each other's machines
 //! even when the program keeps them in one place, and its teardown destroys
@@ -413,18 +422,25 @@ impl ExecScriptable {
             return;
         };
         for lease in live.leases {
-            let key = lease.key.to_key();
-            let destroyed = self.handle.block_on(async {
-                tokio::time::timeout(
-                    HOOK_TIMEOUT,
-                    self.plugin
-                        .destroy_node_armed(&key, &LeaseHandle(lease.lease), Arm::NONE),
-                )
-                .await
-            });
-            if !matches!(destroyed, Ok(Ok(()) | Err(PluginError::NotFound(_)))) {
-                tracing::warn!(program = %self.plugin.name(), "teardown: destroy of {key} failed");
-            }
+            self.destroy(&lease.key.to_key(), &lease.lease);
+        }
+    }
+
+    /// One `destroy_node` of the program's, outside the harness's calls.
+    fn destroy(&self, key: &AttemptKey, lease: &str) {
+        if self.unresponsive.load(Ordering::SeqCst) {
+            return;
+        }
+        let lease = LeaseHandle(lease.to_owned());
+        let destroyed = self.handle.block_on(async {
+            tokio::time::timeout(
+                HOOK_TIMEOUT,
+                self.plugin.destroy_node_armed(key, &lease, Arm::NONE),
+            )
+            .await
+        });
+        if !matches!(destroyed, Ok(Ok(()) | Err(PluginError::NotFound(_)))) {
+            tracing::warn!(program = %self.plugin.name(), "destroy of {key} failed");
         }
     }
 
@@ -677,6 +693,35 @@ impl ScriptablePlugin for ExecScriptable {
         self.lock().counters
     }
 
+    /// The program's machines are its own (a process, and whatever it
+    /// keeps): a crash of the harness's controller leaves them and the
+    /// program running, and calls in flight go on.
+    fn survives_controller_crash(&self) -> bool {
+        true
+    }
+
+    /// Destroys an orphan the way the host's orphan collection does: the
+    /// key's leases, as the program's ledger lists them, each through the
+    /// program's own `destroy_node`. Whether anything was live comes from
+    /// the ledger.
+    fn destroy_orphan(&self, key: &AttemptKey) -> bool {
+        let key = self.program_key(key);
+        let Some(live) = self.ledger() else {
+            return false;
+        };
+        let had_session = live.sessions.iter().any(|s| s.key.to_key() == key);
+        let leases: Vec<String> = live
+            .leases
+            .into_iter()
+            .filter(|l| l.key.to_key() == key)
+            .map(|l| l.lease)
+            .collect();
+        for lease in &leases {
+            self.destroy(&key, lease);
+        }
+        !leases.is_empty() || had_session
+    }
+
     fn describe_plugin(&self) -> String {
         let state = self.lock();
         format!(
@@ -791,6 +836,15 @@ impl ExecSubstrate {
         polls
     }
 
+    /// Polls what is ready once (the released calls, whose replies are
+    /// already in), without waiting for any further reply.
+    fn run_released(&self) {
+        if let Some(runtime) = &self.runtime {
+            let _context = runtime.enter();
+            self.spawner.run_all(RunOrder::Fifo);
+        }
+    }
+
     fn key(node: &LogicalNodeId, attempt: NodeAttemptId) -> AttemptKey {
         AttemptKey {
             run_id: RunId::new(RUN_NAME),
@@ -868,12 +922,24 @@ impl Substrate for ExecSubstrate {
         self.spawner.ready_count() > 0 || self.plugin.busy_calls() > 0
     }
 
+    /// Releases at the program, which performs the call at once; the
+    /// call's own task is then polled, so that its answer is where the
+    /// program's machine is (a crashed controller's call is known to have
+    /// made what it made as soon as it exists).
     fn release_oldest_hang(&mut self) -> bool {
-        self.plugin.release_oldest_hang()
+        let released = self.plugin.release_oldest_hang();
+        if released {
+            self.run_released();
+        }
+        released
     }
 
     fn release_all_hangs(&mut self) -> usize {
-        self.plugin.release_all_hangs()
+        let released = self.plugin.release_all_hangs();
+        if released > 0 {
+            self.run_released();
+        }
+        released
     }
 
     fn stream(&mut self, session: u32, event: StreamEvent) -> Option<ResourceKey> {
@@ -916,6 +982,15 @@ impl Substrate for ExecSubstrate {
 
     fn counters(&self) -> SubstrateCounters {
         self.plugin.plugin_counters()
+    }
+
+    fn survives_controller_crash(&self) -> bool {
+        self.plugin.survives_controller_crash()
+    }
+
+    fn destroy_orphan(&mut self, (node, attempt): &ResourceKey) -> bool {
+        self.plugin
+            .destroy_orphan(&ExecSubstrate::key(node, *attempt))
     }
 
     fn describe_work(&self) -> String {

@@ -14,7 +14,9 @@ use std::path::PathBuf;
 
 use provisioning_conformance::GuaranteeId;
 use provisioning_conformance::substrate::Substrate;
-use provisioning_conformance::{Mode, Stepper, Trace, default_shape};
+use provisioning_conformance::{
+    Mode, RunOptions, Stepper, Trace, cluster_driver, default_shape, run_trace,
+};
 use provisioning_exec::ExecConfig;
 use provisioning_exec::battery::{
     BatteryOptions, BatteryOutcome, DEFAULT_BATTERY_SEEDS, ExecSubstrate, run_battery_against,
@@ -164,4 +166,33 @@ fn a_held_create_waits_at_the_program_until_released_and_the_cluster_then_conver
     let tail = stepper.run_fair_tail();
     assert_eq!(tail.violation, None);
     assert!(tail.converged, "{}", tail.pending_description);
+}
+
+/// A create is held at the program when the controller crashes; the
+/// recovered controller scales the node away, then the held create goes
+/// through: an orphan machine, found in the program's ledger after its
+/// grace and destroyed through the program's own `destroy_node`.
+#[test]
+fn a_crashed_controllers_held_create_leaves_an_orphan_that_is_collected() {
+    let substrate = ExecSubstrate::start(&program("dirs.py", None)).expect("the program starts");
+    let trace: Trace = "script create-lease hang; run one 0; crash; tick 1000ms; run fifo; \
+                        desire scale a 0; run fifo; tick 1000ms; run fifo; run fifo; release; \
+                        run fifo; tick 60000ms; run fifo; tick 60000ms; run fifo"
+        .parse()
+        .expect("the trace parses");
+    let outcome = run_trace(
+        substrate,
+        &cluster_driver,
+        &trace,
+        RunOptions::new(Mode::Fair),
+    );
+    assert_eq!(outcome.violation, None, "{:?}", outcome.violation);
+    assert!(outcome.converged);
+    assert_eq!(outcome.vacuity.crashes, 1);
+    assert!(
+        outcome.vacuity.orphans_collected >= 1,
+        "no orphan was collected: {:?}",
+        outcome.vacuity
+    );
+    assert!(outcome.digest.live.is_empty(), "{}", outcome.digest.live);
 }
