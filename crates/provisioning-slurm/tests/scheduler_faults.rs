@@ -133,3 +133,41 @@ async fn a_stopped_controller_makes_calls_definite_and_its_restart_keeps_the_nod
         .expect("destroy");
     assert!(bed.live_jobs("prov+restart+").is_empty());
 }
+
+/// Slurm's smallest time limit is one minute, and the controller looks for
+/// jobs past it every 30 s.
+const TIME_LIMIT_WAIT: Duration = Duration::from_secs(180);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_hits_its_time_limit_is_lost() {
+    let bed = Testbed::start(1);
+    let (plugin, _) = plugin(&bed, "time-limit").await;
+    let facts = attach(&*plugin);
+    let k = key("time-limit", "w-0", 1);
+    let labels = BTreeMap::from([("slurm.time_limit".to_owned(), "1".to_owned())]);
+    plugin
+        .create_node(&k, &spec(&k, labels, ""))
+        .await
+        .expect("create");
+    let lost = Observation::NodeLost {
+        node: k.node.clone(),
+        attempt: k.attempt,
+        cause: LossCause::LeaseGone,
+    };
+    let deadline = tokio::time::Instant::now() + TIME_LIMIT_WAIT;
+    while !facts.lock().expect("facts").contains(&lost) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no loss within {TIME_LIMIT_WAIT:?}; jobs: {:?}",
+            bed.jobs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let states: Vec<String> = bed
+        .jobs()
+        .into_iter()
+        .filter(|(_, name, ..)| name.starts_with("prov+time-limit+"))
+        .map(|(_, _, state, _)| state)
+        .collect();
+    assert_eq!(states, ["TIMEOUT"], "{:?}", bed.jobs());
+}
