@@ -10,18 +10,25 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+/// A name shared by every id that carries it. An `Arc<String>` rather than
+/// an `Arc<str>`: a thin pointer, so every node id (and every node, which
+/// holds its id twice) is 8 bytes smaller.
+fn shared_name(name: Arc<str>) -> Arc<String> {
+    Arc::new(String::from(&*name))
+}
+
 /// One run: the unit a driver manages for its whole lifetime.
 #[derive(
     Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
 )]
 #[serde(transparent)]
-pub struct RunId(Arc<str>);
+pub struct RunId(Arc<String>);
 
 impl RunId {
     /// Wraps a run name. Validation of the characters happens in
     /// [`crate::shape::ClusterShape::validate`].
     pub fn new(name: impl Into<Arc<str>>) -> Self {
-        RunId(name.into())
+        RunId(shared_name(name.into()))
     }
 
     /// The run name.
@@ -41,13 +48,13 @@ impl fmt::Display for RunId {
     Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
 )]
 #[serde(transparent)]
-pub struct GroupId(Arc<str>);
+pub struct GroupId(Arc<String>);
 
 impl GroupId {
     /// Wraps a group name. Validation of the characters happens in
     /// [`crate::shape::ClusterShape::validate`].
     pub fn new(name: impl Into<Arc<str>>) -> Self {
-        GroupId(name.into())
+        GroupId(shared_name(name.into()))
     }
 
     /// The group name.
