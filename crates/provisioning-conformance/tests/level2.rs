@@ -60,6 +60,9 @@ fn save_regressions(entries: &str) {
     }
 }
 
+/// How often the battery must apply each (plugin method, fault) pair.
+const COVERAGE_MARGIN: u64 = 8;
+
 fn run_level2(coverage: &FaultCoverage) -> BatteryReport {
     let shared = coverage.clone();
     // Every plugin of the battery counts the faults it applied.
@@ -91,10 +94,15 @@ fn level_2_battery_keeps_every_guarantee_over_256_seeds_in_both_modes_with_fault
             .map(PluginMethod::for_effect)
             .flat_map(|method| FAULTS_ON_EVERY_METHOD.map(|fault| (method, fault)))
             .chain([(PluginMethod::LookupEndpoint, Fault::NotReady)]);
-        let missing = coverage.missing(wanted);
+        // With margin, not by luck: every pair is reached several times, so
+        // an unrelated change to the generator cannot lose one.
+        let thin: Vec<((PluginMethod, Fault), u64)> = wanted
+            .map(|(method, fault)| ((method, fault), coverage.count(method, fault)))
+            .filter(|(_, count)| *count < COVERAGE_MARGIN)
+            .collect();
         assert!(
-            missing.is_empty(),
-            "faults never reached these plugin methods: {missing:?}"
+            thin.is_empty(),
+            "faults reached these plugin methods fewer than {COVERAGE_MARGIN} times: {thin:?}"
         );
     }
 }

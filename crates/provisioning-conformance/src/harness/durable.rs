@@ -457,6 +457,18 @@ impl<S: Substrate> Harness<S> {
         // The new executor knows nothing of the old one's operations.
         self.executor_watch.recent.clear();
         self.executor_watch.expired.clear();
+        // An acknowledgement folded after the last commit died with the
+        // controller: the recovered one may report that convergence again.
+        let recovered = driver.state();
+        self.executor_watch.convergence_reported.retain(|attempt| {
+            recovered.nodes.values().any(|n| {
+                n.attempt == *attempt
+                    && n.record
+                        .bootstrap
+                        .as_ref()
+                        .is_some_and(|b| b.convergence_observed)
+            })
+        });
         self.executor = Harness::controller_executor(&self.substrate, &self.durable.control);
         self.driver = driver;
         // The limits are configuration: the new controller is given them too.
