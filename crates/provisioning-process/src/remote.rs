@@ -363,7 +363,29 @@ fn admit(inner: &Inner, key: &AttemptKey) -> Result<(RemoteEvent, u64), String> 
     Ok((event, entry.generation))
 }
 
+/// How long a member's connection may be silent before TCP probes it, how
+/// often it probes, and how many unanswered probes end it: a host cut off
+/// without a reset (a partition, a pulled cable) ends its connection within
+/// about 11 s, and its node is lost after the re-join grace.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// Turns TCP keepalive on for a member's connection (see
+/// [`KEEPALIVE_IDLE`]). A socket that refuses it is still served; it then
+/// only notices a reset or a close.
+fn keep_alive(stream: &TcpStream, peer: SocketAddr) {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(error) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::warn!(%peer, %error, "cannot turn TCP keepalive on: a silent partition goes unnoticed");
+    }
+}
+
 async fn serve(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
+    keep_alive(&stream, peer);
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let hello = match tokio::time::timeout(

@@ -361,6 +361,39 @@ async fn a_killed_agent_is_a_lost_node_under_its_attempt() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_partitioned_agent_is_a_lost_node() {
+    let bed = Testbed::start_netns(1);
+    let link = bed.hosts[0].netns.as_ref().expect("a host in a namespace");
+    let plugin = bed
+        .agent_plugin("cut", 1, bed.agent_config(AGENT, RunSecret::generate(), 0))
+        .await;
+    let facts = collect(&plugin);
+    let k = key("cut", "w", 0, 3);
+    let (lease, request) = create_and_request(&plugin, &k, &spec(&k, sleeper())).await;
+    plugin.start_bootstrap(&k, &request).await.expect("start");
+    wait_for("the agent's join", &facts, joined(&k)).await;
+    // The host's link goes down: no reset, no close, the connection just
+    // goes silent. Only the swarm's TCP keepalive can notice.
+    link.partition();
+    wait_for(
+        "the loss of the partitioned host's node",
+        &facts,
+        lost(&k, LossCause::AgentGone),
+    )
+    .await;
+    link.heal();
+    plugin
+        .destroy_node(&k, &lease.lease)
+        .await
+        .expect("destroy after the partition healed");
+    assert_eq!(
+        provisioning_process::os::node_processes(&k).expect("scan /proc"),
+        Vec::new(),
+        "destroy stops the partitioned node's agent and workload"
+    );
+}
+
 /// A free port of `address`, to give a restarted plugin the same one.
 fn free_port(address: std::net::Ipv4Addr) -> u16 {
     std::net::TcpListener::bind((address, 0))
