@@ -1805,10 +1805,7 @@ pub(crate) fn g32_stage_agrees_with_facts(id: &LogicalNodeId, node: &ManagedNode
         NodeStage::EndpointKnown => (
             vec![(lease, "a lease"), (endpoint, "an endpoint")],
             vec![
-                (
-                    session && !converged_before_start(record),
-                    "an active session",
-                ),
+                (session, "an active session"),
                 (joined, "a swarm join"),
                 (failed, "a failure"),
             ],
@@ -1887,19 +1884,6 @@ pub(crate) fn g32_stage_agrees_with_facts(id: &LogicalNodeId, node: &ManagedNode
             text
         },
     )
-}
-
-/// The one disagreement of stage and facts the core shows today, tolerated
-/// by name: a `Converged` stream event that arrives before the start's
-/// result (after an ambiguous start, or a crash that made the start
-/// ambiguous) creates the session's facts but leaves the node in
-/// `EndpointKnown` — unlike a progress or join event, which move it to
-/// `BootstrapRunning`/`SwarmJoined`. Reported on issue 18; the core's owner
-/// decides the fix (then this exception goes).
-fn converged_before_start(record: &provisioning::state::NodeRecord) -> bool {
-    record.bootstrap.as_ref().is_some_and(|b| {
-        b.session.is_none() && b.stage == provisioning::state::BootstrapStage::Converged
-    })
 }
 
 /// G32 over every node of `state`.

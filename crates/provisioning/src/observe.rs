@@ -464,7 +464,14 @@ pub(crate) fn fold_bootstrap(
                 node.record.stage = NodeStage::BootstrapRunning;
             }
         }
-        BootstrapEvent::Converged => facts.stage = BootstrapStage::Converged,
+        BootstrapEvent::Converged => {
+            facts.stage = BootstrapStage::Converged;
+            // Like any event of the session, a convergence report before the
+            // start's answer shows the session runs.
+            if running {
+                node.record.stage = NodeStage::BootstrapRunning;
+            }
+        }
         BootstrapEvent::Joined => {
             if node.record.swarm.is_none() {
                 node.record.swarm = Some(SwarmJoinFacts {

@@ -269,3 +269,38 @@ fn an_operation_left_waiting_after_a_timeout_at_the_driver_never_runs_after_a_ne
     assert_eq!(executor.counters().skipped, 2);
     assert!(!executor.has_work());
 }
+
+/// Kit finding (G32 stage coherence), shrunk trace:
+/// `script start-bootstrap ambiguous-done; run one 0; run fifo; run fifo;
+/// stream @0 converged`.
+///
+/// A convergence report that arrives before the start's answer (after an
+/// ambiguous start) is evidence of a running session, like a progress
+/// event: the node must not stay `EndpointKnown` while it holds an active
+/// session.
+#[test]
+fn a_convergence_report_before_the_starts_answer_moves_the_node_to_bootstrap_running() {
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    let create = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&create), now).unwrap();
+    let lookup = drive(&mut d, &mut sink, now).remove(0);
+    d.apply_executor_result(&success(&lookup), now).unwrap();
+    let start = drive(&mut d, &mut sink, now).remove(0);
+    assert_eq!(start.kind(), EffectKind::StartBootstrap);
+    d.apply_executor_result(
+        &reply(&start, Err(EffectError::ambiguous("reply lost"))),
+        now,
+    )
+    .unwrap();
+    let id = node("g-0");
+    assert_eq!(d.state().nodes[&id].record.stage, NodeStage::EndpointKnown);
+    d.apply_observation(&bootstrap(&start, BootstrapEvent::Converged), now)
+        .unwrap();
+    let record = &d.state().nodes[&id].record;
+    assert!(record.bootstrap.is_some(), "the session's facts exist");
+    assert_eq!(record.stage, NodeStage::BootstrapRunning);
+}
