@@ -37,6 +37,16 @@ struct SlurmCluster {
 
 impl SlurmCluster {
     fn new(test: &str) -> Self {
+        Self::build(test, None)
+    }
+
+    /// With the swarm listener on a fixed port of 127.0.0.1, so that a
+    /// restarted `up` listens where the running agents re-dial.
+    fn with_listen(test: &str, port: u16) -> Self {
+        Self::build(test, Some(port))
+    }
+
+    fn build(test: &str, listen: Option<u16>) -> Self {
         let bed = Testbed::start(NODES);
         let dir = tempfile::Builder::new()
             .prefix("provision-e2e-slurm-")
@@ -44,11 +54,14 @@ impl SlurmCluster {
             .expect("a temporary directory");
         let run = format!("e2e-slurm-{test}-{}", std::process::id());
         let shape = format!(
-            "run = \"{run}\"\n\n[providers.slurm]\nslurm_conf = \"{conf}\"\n\n\
+            "run = \"{run}\"\n\n[providers.slurm]\nslurm_conf = \"{conf}\"\n{listen}\n\
              [[group]]\nid = \"workers\"\ncount = {NODES}\nprovider = \"slurm\"\n\
              slurm = {{ partition = \"debug\", cpus = 1, memory = \"100M\" }}\n\
              [group.boot]\nverify_commands = [\"test -d /proc/self\"]\nstart_command = \"sleep 3600\"\n",
             conf = bed.conf().display(),
+            listen = listen.map_or(String::new(), |port| format!(
+                "listen = \"127.0.0.1:{port}\"\n"
+            )),
         );
         let cluster = SlurmCluster {
             up: None,
@@ -97,6 +110,11 @@ impl SlurmCluster {
             .spawn()
             .expect("start provision up");
         self.up = Some(child);
+    }
+
+    /// The `up` log so far (both lives of a restarted `up` append to it).
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("up.err")).unwrap_or_default()
     }
 
     fn up_output(&self) -> String {
@@ -271,6 +289,102 @@ fn a_slurm_fleet_converges_replaces_a_cancelled_job_and_ctrl_c_leaves_no_job() {
     );
 
     // Ctrl-C: a graceful teardown that leaves no job of the run.
+    kill(
+        Pid::from_raw(i32::try_from(cluster.up.as_ref().expect("up").id()).expect("pid")),
+        Signal::SIGINT,
+    )
+    .expect("SIGINT");
+    let exit = cluster.wait_up_exit();
+    assert!(
+        exit.success(),
+        "up exited with {exit}\n{}",
+        cluster.up_output()
+    );
+    assert_eq!(
+        cluster.live_job_ids(),
+        Vec::<u64>::new(),
+        "jobs left after Ctrl-C\n{}",
+        cluster.up_output()
+    );
+}
+
+/// A free port of 127.0.0.1.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[test]
+fn after_kill_9_of_up_a_restart_adopts_every_job_and_its_running_agent() {
+    let mut cluster = SlurmCluster::with_listen("crash", free_port());
+    cluster.start();
+    let first = cluster.wait_for("convergence with every node ready", |s| {
+        s["converged"] == Value::Bool(true) && ready(s) == NODES
+    });
+    let jobs = cluster.live_job_ids();
+    assert_eq!(jobs.len(), NODES, "{}", cluster.up_output());
+
+    // The controller dies without a word; jobs and agent steps stay.
+    let mut up = cluster.up.take().expect("up runs");
+    up.kill().expect("SIGKILL");
+    let _ = up.wait();
+    assert_eq!(
+        cluster.live_job_ids(),
+        jobs,
+        "the jobs outlive the controller"
+    );
+    let before_restart = cluster.log().len();
+
+    cluster.start();
+    let again = cluster.wait_for("convergence after the restart", |s| {
+        s["converged"] == Value::Bool(true) && ready(s) == NODES
+    });
+    // Every running agent re-joins the restarted controller (adopted): its
+    // workload was not started again.
+    let deadline = Instant::now() + CONVERGE_BOUND;
+    loop {
+        let log = cluster.log();
+        let rejoined = log
+            .get(before_restart..)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("remote agent joined the swarm"))
+            .count();
+        if rejoined >= NODES {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {rejoined} of {NODES} agents re-joined the restarted controller\n{}",
+            cluster.up_output()
+        );
+        sleep(POLL_INTERVAL);
+    }
+    assert_eq!(
+        nodes(&again),
+        nodes(&first),
+        "no node was replaced (same attempts, all ready)\n{}",
+        cluster.up_output()
+    );
+    assert_eq!(
+        cluster.live_job_ids(),
+        jobs,
+        "the same jobs, none doubled\n{}",
+        cluster.up_output()
+    );
+    let launches = cluster.log()[before_restart..]
+        .lines()
+        .filter(|l| l.contains("starting the agent step"))
+        .count();
+    assert_eq!(
+        launches,
+        0,
+        "no agent step was started again\n{}",
+        cluster.up_output()
+    );
+
     kill(
         Pid::from_raw(i32::try_from(cluster.up.as_ref().expect("up").id()).expect("pid")),
         Signal::SIGINT,

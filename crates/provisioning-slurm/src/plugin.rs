@@ -249,6 +249,21 @@ impl Shared {
         parse::parse_squeue(&output.stdout).map_err(|e| PluginError::ambiguous(e.to_string()))
     }
 
+    /// The steps of every job of this user.
+    async fn all_steps(&self) -> Result<Vec<StepRow>, PluginError> {
+        let args = vec![
+            "--steps".into(),
+            "--noheader".into(),
+            "--me".into(),
+            format!("--format={STEPS_FORMAT}"),
+        ];
+        let output = self.run(Tool::Squeue, args).await.map_err(query_failure)?;
+        if !output.success {
+            return Err(query_refused(&output));
+        }
+        parse::parse_steps(&output.stdout).map_err(|e| PluginError::ambiguous(e.to_string()))
+    }
+
     /// The steps of job `job`.
     async fn steps(&self, job: u64) -> Result<Vec<StepRow>, PluginError> {
         let args = vec![
@@ -516,6 +531,39 @@ impl SlurmPlugin {
         }
     }
 
+    /// Listed running jobs of this run whose agent step is running, from an
+    /// earlier controller: unless expected already, each agent is expected
+    /// to re-join (adopted, workload untouched) and its job watched; one
+    /// that does not re-join within the grace and the adopt wait is a lost
+    /// node. A restarted controller lists before its first pass, so nodes
+    /// that were ready keep their agents.
+    async fn adopt_agent_steps(
+        &self,
+        run: &RunId,
+        listed: &[(u64, bool, AttemptKey)],
+    ) -> Result<(), PluginError> {
+        if run != &self.shared.config.run_id || !listed.iter().any(|(_, running, _)| *running) {
+            return Ok(());
+        }
+        let expected: BTreeSet<AttemptKey> = self.swarm.expected().into_iter().collect();
+        let waiting: Vec<&(u64, bool, AttemptKey)> = listed
+            .iter()
+            .filter(|(_, running, key)| *running && !expected.contains(key))
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let steps = self.shared.all_steps().await?;
+        for (job, _, key) in waiting {
+            if steps.iter().any(|s| s.job == *job && s.name == AGENT_STEP) {
+                tracing::info!(node = %key, job, "expecting the agent step of a listed job to re-join");
+                self.shared.watch(key, *job);
+                self.swarm.expect_adopted(key, ADOPTED_JOIN_WAIT);
+            }
+        }
+        Ok(())
+    }
+
     /// Starts the agent step of `key` in job `job`.
     async fn launch(
         &self,
@@ -525,6 +573,7 @@ impl SlurmPlugin {
     ) -> Result<(), PluginError> {
         let order = serde_json::to_vec(&self.boot_order(key, &request.spec))
             .map_err(|e| PluginError::definite(format!("cannot encode the boot order: {e}")))?;
+        tracing::info!(node = %key, job, "starting the agent step");
         let mut args = vec![
             format!("--jobid={job}"),
             "--overlap".into(),
@@ -1025,15 +1074,17 @@ impl ProvisionPlugin for SlurmPlugin {
         }
         let prefix = run_prefix(run);
         let rows = self.shared.all_jobs().await?;
-        let mut nodes: Vec<ListedNode> = rows
+        let listed: Vec<(u64, bool, AttemptKey)> = rows
             .iter()
             .filter(|r| r.is_live() && r.name.starts_with(&prefix))
-            .filter_map(|r| {
-                let key = parse_job_name(run, &r.name)?;
-                Some(ListedNode {
-                    key,
-                    lease: lease_of(r.id),
-                })
+            .filter_map(|r| Some((r.id, r.state == "RUNNING", parse_job_name(run, &r.name)?)))
+            .collect();
+        self.adopt_agent_steps(run, &listed).await?;
+        let mut nodes: Vec<ListedNode> = listed
+            .into_iter()
+            .map(|(id, _, key)| ListedNode {
+                key,
+                lease: lease_of(id),
             })
             .collect();
         nodes.sort();
