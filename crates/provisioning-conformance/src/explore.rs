@@ -19,13 +19,15 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
+use crate::driver_under_test::DriverUnderTest;
 use crate::guarantee::{GuaranteeId, Violation};
-use crate::harness::{HostOptions, Mode, Stepper};
+use crate::harness::{DriverFactory, DriverSetup, HostOptions, Mode, Stepper};
 use crate::journal::RecoveryFactory;
 use crate::substrate::Substrate;
 use crate::trace::{
     DriftField, Fault, FaultTarget, Group, Input, ShapeChange, StreamEvent, Trace, WorkStep,
 };
+use provisioning::DriverError;
 use provisioning::observe::LossCause;
 use provisioning::state::BootstrapFailure;
 
@@ -157,6 +159,7 @@ pub struct Explorer<F> {
     factory: F,
     host: HostOptions,
     recovery: Option<Rc<RecoveryFactory>>,
+    driver: Option<Box<DriverFactory>>,
 }
 
 impl<S: Substrate, F: Fn() -> S> Explorer<F> {
@@ -167,7 +170,18 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
             factory,
             host: HostOptions::default(),
             recovery: None,
+            driver: None,
         }
+    }
+
+    /// Another driver under test (the kit's broken variants go here, as
+    /// with [`crate::Battery::driver`]).
+    pub fn driver(
+        mut self,
+        factory: impl Fn(&DriverSetup) -> Result<Box<dyn DriverUnderTest>, DriverError> + 'static,
+    ) -> Self {
+        self.driver = Some(Box::new(factory));
+        self
     }
 
     /// Host options (e.g. a broken commit order).
@@ -189,7 +203,11 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
         if let Some(recovery) = &self.recovery {
             builder = builder.shared_recovery(Rc::clone(recovery));
         }
-        match builder.build() {
+        let built = match &self.driver {
+            Some(factory) => builder.driver(factory.as_ref()).build(),
+            None => builder.build(),
+        };
+        match built {
             Ok(stepper) => match stepper.violation() {
                 Some(violation) => Err(violation.clone()),
                 None => Ok(stepper),
