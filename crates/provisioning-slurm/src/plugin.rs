@@ -1057,6 +1057,10 @@ impl ProvisionPlugin for SlurmPlugin {
         match &result {
             Ok(()) => {
                 lock(&self.shared.sent).remove(key);
+                // A listing taken before the job was gone would still show
+                // it to the next endpoint lookup. The listing's lock is held
+                // while a listing is taken, so one taken after this is fresh.
+                *self.shared.listing.lock().await = None;
             }
             Err(PluginError::Definite(_)) => {
                 if let Some(job) = watched {
