@@ -6,15 +6,14 @@
 //! collection are [`HostOptions`], and a broken recovery is a recovery
 //! factory wrapped around the real `ClusterDriver::recover`.
 
-use provisioning::durable::{RecoveryError, RecoveryReport};
-use provisioning::id::AttemptAllocator;
-use provisioning::{ClusterDriver, DurableState, Timestamp};
-use provisioning_conformance::journal::Recovered;
+#[path = "common/recoveries.rs"]
+mod recoveries;
+
 use provisioning_conformance::trace::Input;
 use provisioning_conformance::{
-    Battery, DriverSetup, DriverUnderTest, Failure, FakeSubstrate, GuaranteeId, HostOptions,
-    HostOrder,
+    Battery, Failure, FakeSubstrate, GuaranteeId, HostOptions, HostOrder,
 };
+use recoveries::{allocator_not_restored, drops_pending};
 
 /// The longest shrunk trace these tests accept as "short".
 const SHORT_TRACE: usize = 12;
@@ -68,14 +67,6 @@ fn check_caught(failure: &Failure, expected: GuaranteeId) {
     );
 }
 
-fn real_recovery(
-    setup: &DriverSetup,
-    stored: DurableState,
-    now: Timestamp,
-) -> Result<(ClusterDriver, RecoveryReport), RecoveryError> {
-    ClusterDriver::recover(&setup.run_id, stored, setup.policy, now)
-}
-
 #[test]
 fn a_host_that_submits_before_it_commits_is_caught_as_g27() {
     let host = HostOptions {
@@ -86,42 +77,11 @@ fn a_host_that_submits_before_it_commits_is_caught_as_g27() {
     check_caught(&failure, GuaranteeId::DurableBeforeDispatch);
 }
 
-/// Recovers, then forgets the allocator's mark: the next attempt id starts
-/// at 1 again.
-fn allocator_not_restored(
-    setup: &DriverSetup,
-    stored: DurableState,
-    now: Timestamp,
-) -> Result<Recovered, RecoveryError> {
-    let (driver, report) = real_recovery(setup, stored, now)?;
-    let mut state = driver.state().clone();
-    state.attempts = AttemptAllocator::new();
-    let mut rebuilt = ClusterDriver::with_state(driver.desired().clone(), state, setup.policy);
-    rebuilt.track_changes();
-    let rebuilt: Box<dyn DriverUnderTest> = Box::new(rebuilt);
-    Ok((rebuilt, report))
-}
-
 #[test]
 fn a_recovery_that_does_not_restore_the_allocator_is_caught_as_g26() {
     let failure = first_failure(battery().recovery(allocator_not_restored));
     check_caught(&failure, GuaranteeId::CrashSafety);
     assert!(failure.violation.detail.contains("G01 broken"), "{failure}");
-}
-
-/// Recovers from a state whose pending operations were dropped instead of
-/// being made ambiguous.
-fn drops_pending(
-    setup: &DriverSetup,
-    mut stored: DurableState,
-    now: Timestamp,
-) -> Result<Recovered, RecoveryError> {
-    for entry in &mut stored.nodes {
-        entry.node.pending = None;
-    }
-    let (driver, report) = real_recovery(setup, stored, now)?;
-    let driver: Box<dyn DriverUnderTest> = Box::new(driver);
-    Ok((driver, report))
 }
 
 #[test]

@@ -9,14 +9,17 @@
 
 use std::rc::Rc;
 
-use provisioning::durable::{RecoveryError, RecoveryReport};
-use provisioning::id::AttemptAllocator;
-use provisioning::{ClusterDriver, DurableState, Timestamp};
+#[path = "common/recoveries.rs"]
+mod recoveries;
+
+use provisioning::durable::RecoveryError;
+use provisioning::{DurableState, Timestamp};
 use provisioning_conformance::journal::{Recovered, RecoveryFactory};
 use provisioning_conformance::{
-    Defect, DriverSetup, DriverUnderTest, ExploreConfig, Explorer, FakeSubstrate, GuaranteeId,
-    HostOptions, HostOrder, Trace,
+    Defect, DriverSetup, ExploreConfig, Explorer, FakeSubstrate, GuaranteeId, HostOptions,
+    HostOrder, Trace,
 };
+use recoveries::{allocator_not_restored, drops_pending};
 
 #[test]
 fn one_node_every_interleaving_to_depth_five_keeps_safety_and_liveness() {
@@ -103,45 +106,10 @@ fn states_equal_up_to_renamed_ids_merge() {
     );
 }
 
-fn real_recovery(
-    setup: &DriverSetup,
-    stored: DurableState,
-    now: Timestamp,
-) -> Result<(ClusterDriver, RecoveryReport), RecoveryError> {
-    ClusterDriver::recover(&setup.run_id, stored, setup.policy, now)
-}
-
 fn recovery(
     broken: fn(&DriverSetup, DurableState, Timestamp) -> Result<Recovered, RecoveryError>,
 ) -> Rc<RecoveryFactory> {
     Rc::new(broken)
-}
-
-fn allocator_not_restored(
-    setup: &DriverSetup,
-    stored: DurableState,
-    now: Timestamp,
-) -> Result<Recovered, RecoveryError> {
-    let (driver, report) = real_recovery(setup, stored, now)?;
-    let mut state = driver.state().clone();
-    state.attempts = AttemptAllocator::new();
-    let mut rebuilt = ClusterDriver::with_state(driver.desired().clone(), state, setup.policy);
-    rebuilt.track_changes();
-    let rebuilt: Box<dyn DriverUnderTest> = Box::new(rebuilt);
-    Ok((rebuilt, report))
-}
-
-fn drops_pending(
-    setup: &DriverSetup,
-    mut stored: DurableState,
-    now: Timestamp,
-) -> Result<Recovered, RecoveryError> {
-    for entry in &mut stored.nodes {
-        entry.node.pending = None;
-    }
-    let (driver, report) = real_recovery(setup, stored, now)?;
-    let driver: Box<dyn DriverUnderTest> = Box::new(driver);
-    Ok((driver, report))
 }
 
 #[test]
