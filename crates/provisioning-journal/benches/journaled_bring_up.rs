@@ -128,10 +128,11 @@ fn bring_up(nodes: u32, mut journal: Option<Box<dyn Journal>>) -> Outcome {
                 let mut batch = Batch::default();
                 driver.drive_until_blocked(now, &mut batch).expect("drive");
                 let t0 = Instant::now();
-                let changes = driver.take_changes(now);
+                let changes = driver.take_change_view(now);
                 let t1 = Instant::now();
                 if !changes.is_empty() {
-                    let rows = codec.encode(&changes).expect("encode");
+                    let rows = codec.encode_view(&changes).expect("encode");
+                    drop(changes);
                     let t2 = Instant::now();
                     journal.commit(&rows).expect("commit");
                     encode += t2 - t1;
@@ -164,11 +165,11 @@ fn bring_up(nodes: u32, mut journal: Option<Box<dyn Journal>>) -> Outcome {
         }
     }
     if let Some(journal) = journal.as_mut() {
-        let changes = driver.take_changes(now);
+        let changes = driver.take_change_view(now);
         if !changes.is_empty() {
-            journal
-                .commit(&codec.encode(&changes).expect("encode"))
-                .expect("commit");
+            let rows = codec.encode_view(&changes).expect("encode");
+            drop(changes);
+            journal.commit(&rows).expect("commit");
         }
     }
     let wall = start.elapsed();

@@ -16,7 +16,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use provisioning::{DurableEntry, DurableMeta, DurableNode, DurableState, NodeTemplate};
+use provisioning::{
+    ChangeView, DurableEntry, DurableMeta, DurableNode, DurableNodeRef, DurableState, NodeTemplate,
+};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
@@ -48,6 +50,12 @@ pub enum CodecError {
         /// The parser's error.
         source: serde_json::Error,
     },
+    /// An encoded value is not UTF-8 (not expected: JSON is).
+    #[error("the encoding of {what} is not UTF-8")]
+    NotUtf8 {
+        /// What was being encoded.
+        what: String,
+    },
     /// Nodes are stored but the meta is missing.
     #[error("the state holds {nodes} node(s) but no `{META_STATE}` entry")]
     MissingMeta {
@@ -77,7 +85,7 @@ pub enum CodecError {
 #[derive(Serialize)]
 struct BodyOut<'a> {
     template: &'a str,
-    node: &'a DurableNode,
+    node: DurableNodeRef<'a>,
 }
 
 #[derive(Deserialize)]
@@ -104,13 +112,19 @@ impl StateCodec {
         StateCodec::default()
     }
 
+    /// The index in `known` of `template`'s key, storing the template first
+    /// when the journal does not hold it yet.
     fn template_key(
         &mut self,
         template: &Arc<NodeTemplate>,
         meta: &mut Vec<(String, String)>,
-    ) -> Result<String, CodecError> {
-        if let Some((_, key)) = self.known.iter().find(|(t, _)| Arc::ptr_eq(t, template)) {
-            return Ok(key.clone());
+    ) -> Result<usize, CodecError> {
+        if let Some(at) = self
+            .known
+            .iter()
+            .position(|(t, _)| Arc::ptr_eq(t, template))
+        {
+            return Ok(at);
         }
         if let Some(key) = self
             .known
@@ -120,8 +134,8 @@ impl StateCodec {
         {
             // Another allocation of a known template: remember this one too,
             // so its next nodes are found by pointer.
-            self.known.push((template.clone(), key.clone()));
-            return Ok(key);
+            self.known.push((template.clone(), key));
+            return Ok(self.known.len() - 1);
         }
         let json = serde_json::to_string(&**template).map_err(|source| CodecError::Encode {
             what: "a node template".into(),
@@ -132,8 +146,8 @@ impl StateCodec {
         if self.stored.insert(key.clone()) {
             meta.push((format!("{TEMPLATE_PREFIX}{key}"), json));
         }
-        self.known.push((template.clone(), key.clone()));
-        Ok(key)
+        self.known.push((template.clone(), key));
+        Ok(self.known.len() - 1)
     }
 
     /// The storage change set of a core change set.
@@ -141,17 +155,42 @@ impl StateCodec {
     /// # Errors
     /// [`CodecError::Encode`], which these types do not produce in practice.
     pub fn encode(&mut self, changes: &provisioning::ChangeSet) -> Result<ChangeSet, CodecError> {
+        self.encode_view(&changes.view())
+    }
+
+    /// The storage change set of a change set borrowed from the driver
+    /// ([`provisioning::ClusterDriver::take_change_view`]); the same rows as
+    /// [`StateCodec::encode`] of its owned form.
+    ///
+    /// # Errors
+    /// [`CodecError::Encode`], which these types do not produce in practice.
+    pub fn encode_view(&mut self, changes: &ChangeView<'_>) -> Result<ChangeSet, CodecError> {
         let mut out = ChangeSet::new();
+        out.upserts.reserve_exact(changes.upserts.len());
+        // One buffer serves every row: each body is then copied out once, at
+        // its exact size, instead of growing a fresh string per row.
+        let mut scratch = Vec::with_capacity(1024);
         for entry in &changes.upserts {
-            let key = self.template_key(&entry.template, &mut out.meta)?;
-            let body = serde_json::to_string(&BodyOut {
-                template: &key,
-                node: &entry.node,
-            })
+            let key = self.template_key(entry.template, &mut out.meta)?;
+            let key = &self.known[key].1;
+            scratch.clear();
+            serde_json::to_writer(
+                &mut scratch,
+                &BodyOut {
+                    template: key,
+                    node: entry.node,
+                },
+            )
             .map_err(|source| CodecError::Encode {
                 what: format!("node {}", entry.node.node),
                 source,
             })?;
+            // serde_json writes UTF-8 only; the check cannot fail.
+            let body = std::str::from_utf8(&scratch)
+                .map_err(|_| CodecError::NotUtf8 {
+                    what: format!("node {}", entry.node.node),
+                })?
+                .to_owned();
             out.upserts.push(NodeRow {
                 node: entry.node.node.to_string(),
                 attempt: entry.node.attempt.get(),
@@ -161,10 +200,11 @@ impl StateCodec {
         }
         out.deletes = changes.removed.iter().map(ToString::to_string).collect();
         if let Some(meta) = &changes.meta {
-            let json = serde_json::to_string(meta).map_err(|source| CodecError::Encode {
-                what: "the state meta".into(),
-                source,
-            })?;
+            let json =
+                serde_json::to_string(meta.as_ref()).map_err(|source| CodecError::Encode {
+                    what: "the state meta".into(),
+                    source,
+                })?;
             out.meta.push((META_STATE.to_owned(), json));
         }
         Ok(out)

@@ -772,13 +772,13 @@ impl DurableLoop {
     /// Commits the driver's changes; on failure nothing of this drive may
     /// be submitted.
     fn commit(&mut self, driver: &mut ClusterDriver, now: Timestamp) -> Result<(), String> {
-        let changes = driver.take_changes(now);
+        let changes = driver.take_change_view(now);
         if changes.is_empty() {
             return Ok(());
         }
-        let outcome = self
-            .codec
-            .encode(&changes)
+        let encoded = self.codec.encode_view(&changes);
+        drop(changes);
+        let outcome = encoded
             .map_err(|e| e.to_string())
             .and_then(|rows| self.journal.commit(&rows).map_err(|e| e.to_string()));
         match &outcome {

@@ -18,8 +18,8 @@ use crate::decide::{
     NodeAction, NodeDecision, Rule, Slot, Wake, decide_slot, reconcile_node, walk_slots,
 };
 use crate::durable::{
-    ChangeSet, DURABLE_FORMAT, DurableEntry, DurableMeta, DurableNode, DurableState, RecoveryError,
-    RecoveryReport, Shift,
+    ChangeSet, ChangeView, DURABLE_FORMAT, DurableEntry, DurableEntryRef, DurableMeta,
+    DurableNodeRef, DurableState, RecoveryError, RecoveryReport, Shift,
 };
 use crate::effect::{EffectError, EffectKind, EffectRequest, ExecutorResult, Operation};
 use crate::history::{NodeHistory, Transition};
@@ -1494,8 +1494,15 @@ impl ClusterDriver {
     /// writer's clock. Take them after a drive and commit them before
     /// submitting the operations that drive produced.
     pub fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
+        self.take_change_view(now).to_change_set()
+    }
+
+    /// [`ClusterDriver::take_changes`] with the changed nodes borrowed from
+    /// the driver instead of copied: what a host that only encodes them
+    /// uses. The changes are taken either way.
+    pub fn take_change_view(&mut self, now: Timestamp) -> ChangeView<'_> {
         let Some(tracker) = self.changes.as_mut() else {
-            return ChangeSet::default();
+            return ChangeView::default();
         };
         let breakers_changed = tracker.written_breakers != self.limit_state.breakers;
         if breakers_changed {
@@ -1503,13 +1510,13 @@ impl ClusterDriver {
         }
         let nodes = std::mem::take(&mut tracker.nodes);
         let meta = std::mem::replace(&mut tracker.meta, false) || breakers_changed;
-        let mut changes = ChangeSet {
-            meta: meta.then(|| self.durable_meta(now)),
-            ..ChangeSet::default()
+        let mut changes = ChangeView {
+            meta: meta.then(|| std::borrow::Cow::Owned(self.durable_meta(now))),
+            ..ChangeView::default()
         };
         for id in nodes {
             match self.state.nodes.get(&id) {
-                Some(node) => changes.upserts.push(durable_entry(node)),
+                Some(node) => changes.upserts.push(durable_entry_ref(node)),
                 None => changes.removed.push(id),
             }
         }
@@ -1785,17 +1792,25 @@ fn history_entry(node: &ManagedNode, now: Timestamp) -> Transition {
 }
 
 fn durable_entry(node: &ManagedNode) -> DurableEntry {
+    let entry = durable_entry_ref(node);
     DurableEntry {
-        node: DurableNode {
-            node: node.spec.id().clone(),
+        node: entry.node.to_node(),
+        template: entry.template.clone(),
+    }
+}
+
+fn durable_entry_ref(node: &ManagedNode) -> DurableEntryRef<'_> {
+    DurableEntryRef {
+        node: DurableNodeRef {
+            node: node.spec.id(),
             attempt: node.attempt,
             intent: node.intent,
-            record: node.record.clone(),
-            pending: node.pending.clone(),
+            record: &node.record,
+            pending: node.pending.as_ref(),
             next_sequence: node.next_sequence,
-            retry: node.retry.clone(),
+            retry: &node.retry,
         },
-        template: node.spec.shared_template().clone(),
+        template: node.spec.shared_template(),
     }
 }
 

@@ -104,6 +104,120 @@ impl ChangeSet {
     }
 }
 
+/// A [`DurableNode`] borrowed from the driver: serializes exactly as the
+/// owned form does, so a writer encodes a change without cloning the node.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct DurableNodeRef<'a> {
+    /// The slot.
+    pub node: &'a LogicalNodeId,
+    /// The current attempt.
+    pub attempt: NodeAttemptId,
+    /// Active or deleting.
+    pub intent: Intent,
+    /// The lifecycle facts of the attempt.
+    pub record: &'a NodeRecord,
+    /// The operation in flight when the state was taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<&'a PendingOperation>,
+    /// The sequence the attempt's next operation gets.
+    pub next_sequence: OperationSequence,
+    /// Retry bookkeeping.
+    pub retry: &'a RetryState,
+}
+
+impl DurableNodeRef<'_> {
+    /// The owned node.
+    pub fn to_node(&self) -> DurableNode {
+        DurableNode {
+            node: self.node.clone(),
+            attempt: self.attempt,
+            intent: self.intent,
+            record: self.record.clone(),
+            pending: self.pending.cloned(),
+            next_sequence: self.next_sequence,
+            retry: self.retry.clone(),
+        }
+    }
+}
+
+impl DurableNode {
+    /// The node, borrowed.
+    pub fn as_ref(&self) -> DurableNodeRef<'_> {
+        DurableNodeRef {
+            node: &self.node,
+            attempt: self.attempt,
+            intent: self.intent,
+            record: &self.record,
+            pending: self.pending.as_ref(),
+            next_sequence: self.next_sequence,
+            retry: &self.retry,
+        }
+    }
+}
+
+/// A [`DurableEntry`] borrowed from the driver.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DurableEntryRef<'a> {
+    /// The node.
+    pub node: DurableNodeRef<'a>,
+    /// The immutable template of its attempt.
+    pub template: &'a Arc<NodeTemplate>,
+}
+
+/// A [`ChangeSet`] whose nodes are borrowed from the driver
+/// ([`crate::ClusterDriver::take_change_view`]): what a writer encodes
+/// without copying every changed node first.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChangeView<'a> {
+    /// The meta, when any part of it changed.
+    pub meta: Option<std::borrow::Cow<'a, DurableMeta>>,
+    /// Nodes that were inserted or changed, in slot order.
+    pub upserts: Vec<DurableEntryRef<'a>>,
+    /// Nodes that left the map (reaped), in slot order.
+    pub removed: Vec<LogicalNodeId>,
+}
+
+impl ChangeView<'_> {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.meta.is_none() && self.upserts.is_empty() && self.removed.is_empty()
+    }
+
+    /// The owned change set.
+    pub fn to_change_set(&self) -> ChangeSet {
+        ChangeSet {
+            meta: self.meta.as_ref().map(|m| m.as_ref().clone()),
+            upserts: self
+                .upserts
+                .iter()
+                .map(|e| DurableEntry {
+                    node: e.node.to_node(),
+                    template: e.template.clone(),
+                })
+                .collect(),
+            removed: self.removed.clone(),
+        }
+    }
+}
+
+impl ChangeSet {
+    /// The change set, borrowed.
+    pub fn view(&self) -> ChangeView<'_> {
+        ChangeView {
+            meta: self.meta.as_ref().map(std::borrow::Cow::Borrowed),
+            upserts: self
+                .upserts
+                .iter()
+                .map(|e| DurableEntryRef {
+                    node: e.node.as_ref(),
+                    template: &e.template,
+                })
+                .collect(),
+            removed: self.removed.clone(),
+        }
+    }
+}
+
 /// A whole committed state, as recovery reads it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DurableState {

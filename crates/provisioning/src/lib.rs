@@ -112,8 +112,8 @@ pub use driver::{
     NodeError, OperationSink, PassReport, Rejection, SubmitError,
 };
 pub use durable::{
-    ChangeSet, DURABLE_FORMAT, DurableEntry, DurableMeta, DurableNode, DurableState, RecoveryError,
-    RecoveryReport,
+    ChangeSet, ChangeView, DURABLE_FORMAT, DurableEntry, DurableEntryRef, DurableMeta, DurableNode,
+    DurableNodeRef, DurableState, RecoveryError, RecoveryReport,
 };
 pub use effect::{
     Disposition, EffectError, EffectKind, EffectOutput, EffectRequest, Endpoint, EndpointLookup,
