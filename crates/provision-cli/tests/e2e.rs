@@ -2,10 +2,11 @@
 //! provider. Every test gets its own run id and socket directory, bounds
 //! every wait, and kills whatever is left in a drop guard.
 
+mod up;
+
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -14,25 +15,26 @@ use nix::unistd::Pid;
 use provisioning::RunId;
 use provisioning_process::os;
 use serde_json::Value;
+use up::{Bounds, POLL_INTERVAL, Up, wait_output};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_provision");
-/// The bound on convergence after a start or an edit.
-const CONVERGE_BOUND: Duration = Duration::from_secs(90);
-/// The bound on `up` exiting after it was asked to.
-const EXIT_BOUND: Duration = Duration::from_secs(60);
-/// The bound on one short command (`status`, `plan`, `validate`).
-const COMMAND_BOUND: Duration = Duration::from_secs(30);
-/// How often the tests poll.
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
+const BOUNDS: Bounds = Bounds {
+    // After a start or an edit.
+    converge: Duration::from_secs(90),
+    exit: Duration::from_secs(60),
+    // `status`, `plan`, `validate`.
+    command: Duration::from_secs(30),
+};
+/// The bound on one short command.
+const COMMAND_BOUND: Duration = BOUNDS.command;
 /// How long leftovers get to die in the drop guard.
 const CLEANUP_BOUND: Duration = Duration::from_secs(10);
 
 /// One isolated `provision up` and its files. Dropping it kills the `up`
 /// process and every process of its run.
 struct Cluster {
-    dir: tempfile::TempDir,
+    up: Up,
+    /// The run id (the one `up` was made with).
     run: String,
-    up: Option<Child>,
 }
 
 fn shape(run: &str, groups: &[(&str, u32, &str)]) -> String {
@@ -47,28 +49,26 @@ fn shape(run: &str, groups: &[(&str, u32, &str)]) -> String {
 
 impl Cluster {
     fn new(test: &str) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("provision-e2e-")
-            .tempdir()
-            .expect("a temporary directory");
         let run = format!("e2e-{test}-{}", std::process::id());
-        Cluster { dir, run, up: None }
+        let up = Up::new("provision-e2e-", run.clone(), "shape.toml", BOUNDS);
+        Cluster { up, run }
+    }
+
+    /// A file of the test's directory.
+    fn path(&self, name: &str) -> PathBuf {
+        self.up.path(name)
     }
 
     fn file(&self) -> PathBuf {
-        self.dir.path().join("shape.toml")
+        self.up.file()
     }
 
     fn socket_dir(&self) -> PathBuf {
-        self.dir.path().join("sockets")
-    }
-
-    fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.up.socket_dir()
     }
 
     fn state_file(&self) -> PathBuf {
-        self.state_dir().join(format!("{}.db", self.run))
+        self.up.state_dir().join(format!("{}.db", self.run))
     }
 
     fn write(&self, groups: &[(&str, u32, &str)]) {
@@ -76,24 +76,11 @@ impl Cluster {
     }
 
     fn write_text(&self, text: &str) {
-        // Written aside and renamed, as editors do, so `up` never reads half a file.
-        let staging = self.dir.path().join("shape.toml.tmp");
-        fs::write(&staging, text).expect("write the shape file");
-        fs::rename(&staging, self.file()).expect("replace the shape file");
+        self.up.write_shape(text);
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BINARY);
-        command
-            .args(args)
-            .env("PROVISION_SOCKET_DIR", self.socket_dir())
-            .env("PROVISION_STATE_DIR", self.state_dir())
-            .env_remove("PROVISION_SOCKET")
-            .env_remove("RUST_LOG")
-            // Colour is the binary's own decision (tested below).
-            .env_remove("NO_COLOR")
-            .stdin(Stdio::null());
-        command
+        self.up.command(args)
     }
 
     fn start(&mut self) {
@@ -107,82 +94,32 @@ impl Cluster {
 
     /// Starts `up` with global `args` before it and `up_args` after it.
     fn start_up(&mut self, args: &[&str], up_args: &[&str]) {
-        let stdout = fs::File::create(self.dir.path().join("up.out")).expect("stdout file");
-        let stderr = fs::File::create(self.dir.path().join("up.err")).expect("stderr file");
-        let file = self.file();
-        let child = self
-            .command(args)
-            .args(["up", "--plain", "--shutdown-timeout", "30"])
-            .args(up_args)
-            .arg(&file)
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .expect("start provision up");
-        self.up = Some(child);
+        self.up.start(args, up_args, 30);
     }
 
     /// What `up` wrote to its standard error (a file) so far.
     fn up_stderr(&self) -> String {
-        fs::read_to_string(self.dir.path().join("up.err")).unwrap_or_default()
+        self.up.log()
     }
 
     fn up_output(&self) -> String {
-        let read = |name: &str| fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
-        format!(
-            "--- up stdout ---\n{}\n--- up stderr ---\n{}",
-            read("up.out"),
-            read("up.err")
-        )
+        self.up.output()
     }
 
     /// Runs a short command to its end, bounded.
     fn run(&self, args: &[&str]) -> Output {
-        let child = self
-            .command(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start provision");
-        wait_output(child, COMMAND_BOUND)
+        self.up.run_command(args)
     }
 
     /// `provision status --json`, parsed; `None` while nothing answers.
     fn status(&self) -> Option<Value> {
-        let output = self.run(&["status", "--json", "--run", &self.run]);
-        if !output.status.success() {
-            return None;
-        }
-        Some(serde_json::from_slice(&output.stdout).expect("status --json is JSON"))
+        self.up.status()
     }
 
     /// Polls the status until `done` holds; fails with the last status and
     /// the output of `up` when the bound passes.
     fn wait_for(&mut self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + CONVERGE_BOUND;
-        let mut last = None;
-        loop {
-            if let Some(status) = self.status() {
-                if done(&status) {
-                    return status;
-                }
-                last = Some(status);
-            }
-            if let Some(child) = self.up.as_mut() {
-                if let Ok(Some(exit)) = child.try_wait() {
-                    panic!(
-                        "up exited ({exit}) while waiting for {what}\n{}",
-                        self.up_output()
-                    );
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; last status: {last:#?}\n{}",
-                self.up_output()
-            );
-            sleep(POLL_INTERVAL);
-        }
+        self.up.wait_for(what, done, String::new)
     }
 
     fn wait_converged(&mut self, generation: u64) -> Value {
@@ -192,25 +129,11 @@ impl Cluster {
     }
 
     fn signal_up(&self, signal: Signal) {
-        let child = self.up.as_ref().expect("up runs");
-        let pid = i32::try_from(child.id()).expect("pid fits");
-        kill(Pid::from_raw(pid), signal).expect("signal up");
+        self.up.signal(signal);
     }
 
     fn wait_up_exit(&mut self) -> ExitStatus {
-        let mut child = self.up.take().expect("up runs");
-        let deadline = Instant::now() + EXIT_BOUND;
-        loop {
-            if let Some(exit) = child.try_wait().expect("poll up") {
-                return exit;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("up did not exit in time\n{}", self.up_output());
-            }
-            sleep(POLL_INTERVAL);
-        }
+        self.up.wait_exit()
     }
 
     fn run_id(&self) -> RunId {
@@ -232,49 +155,8 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if let Some(mut child) = self.up.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.up.kill();
         let _ = os::kill_run(&self.run_id(), CLEANUP_BOUND);
-    }
-}
-
-/// Reads a child's pipe to its end on a thread of its own, so that a large
-/// output cannot fill the pipe and stall the child.
-fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        if let Some(mut pipe) = pipe {
-            let _ = pipe.read_to_end(&mut bytes);
-        }
-        bytes
-    })
-}
-
-fn wait_output(mut child: Child, bound: Duration) -> Output {
-    let stdout = drain(child.stdout.take());
-    let stderr = drain(child.stderr.take());
-    let deadline = Instant::now() + bound;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("poll child") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let stderr = stderr.join().unwrap_or_default();
-            panic!(
-                "command did not finish in {bound:?}: {}",
-                String::from_utf8_lossy(&stderr)
-            );
-        }
-        sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: stdout.join().expect("read stdout"),
-        stderr: stderr.join().expect("read stderr"),
     }
 }
 
@@ -435,7 +317,7 @@ fn an_invalid_edit_is_reported_and_ignored_while_the_cluster_keeps_running() {
         shape(&cluster.run, &[("web", 3, WORKLOAD)])
     );
     cluster.write_text(&bad);
-    let deadline = Instant::now() + CONVERGE_BOUND;
+    let deadline = Instant::now() + BOUNDS.converge;
     while !cluster.up_output().contains("edit ignored") {
         assert!(
             Instant::now() < deadline,
@@ -614,7 +496,7 @@ fn plan_shows_changes_from_empty_and_against_the_running_cluster() {
     cluster.start();
     cluster.wait_converged(1);
     // A second file with the same run, so `up` does not apply it.
-    let other = cluster.dir.path().join("next.toml");
+    let other = cluster.path("next.toml");
     fs::write(
         &other,
         shape(
@@ -859,13 +741,13 @@ fn a_second_up_of_the_same_run_is_refused_and_starts_nothing() {
     // Another socket directory, so only the state's lock can catch it.
     let second = cluster
         .command(&["up", "--plain", "--socket-dir"])
-        .arg(cluster.dir.path().join("other-sockets"))
+        .arg(cluster.path("other-sockets"))
         .arg(cluster.file())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start a second up");
-    let output = wait_output(second, COMMAND_BOUND);
+    let output = wait_output(second, COMMAND_BOUND, "a second up");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("another controller"), "{stderr}");
@@ -877,7 +759,7 @@ fn a_second_up_of_the_same_run_is_refused_and_starts_nothing() {
 fn a_corrupt_state_file_is_refused_by_name_and_left_as_it_was() {
     let cluster = Cluster::new("corrupt");
     cluster.write(&[("web", 1, WORKLOAD)]);
-    fs::create_dir_all(cluster.state_dir()).expect("state dir");
+    fs::create_dir_all(cluster.up.state_dir()).expect("state dir");
     let garbage = b"this is not a database, just bytes a disk fault left behind".repeat(100);
     fs::write(cluster.state_file(), &garbage).expect("write garbage");
     let output = cluster.run(&["up", "--plain", cluster.file().to_str().expect("utf-8")]);
@@ -897,7 +779,7 @@ fn an_unusable_state_directory_is_refused_and_starts_nothing() {
     let cluster = Cluster::new("baddir");
     cluster.write(&[("web", 1, WORKLOAD)]);
     // A directory below a regular file cannot exist, even for root.
-    let blocker = cluster.dir.path().join("blocker");
+    let blocker = cluster.path("blocker");
     fs::write(&blocker, "a file").expect("write");
     let output = cluster.run(&[
         "--state-dir",
@@ -939,7 +821,7 @@ fn down_without_a_running_up_tears_a_crashed_run_down_from_its_state() {
 
 /// A shape whose agents outlive their controller.
 fn detached_shape(cluster: &Cluster, groups: &[(&str, u32, &str)]) -> String {
-    let logs = cluster.dir.path().join("agent-logs");
+    let logs = cluster.path("agent-logs");
     let text = shape(&cluster.run, groups);
     // After the top-level `run` key, before the group tables.
     let (run_line, tables) = text.split_once('\n').expect("a run line");
@@ -1091,7 +973,7 @@ fn a_drift_edit_with_max_unavailable_2_never_has_more_than_2_of_6_nodes_unready(
     cluster.start();
     cluster.wait_converged(1);
     cluster.write_text(&text("sleep 3601"));
-    let deadline = Instant::now() + CONVERGE_BOUND;
+    let deadline = Instant::now() + BOUNDS.converge;
     let mut worst = 0;
     let mut samples = 0;
     loop {
@@ -1379,7 +1261,7 @@ fn json_logs_are_one_object_per_line_without_colour_codes() {
     let down = cluster.run(&["down", "--run", &cluster.run]);
     assert!(down.status.success());
     cluster.wait_up_exit();
-    let stderr = fs::read_to_string(cluster.dir.path().join("up.err")).unwrap();
+    let stderr = fs::read_to_string(cluster.path("up.err")).unwrap();
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert!(!lines.is_empty(), "-v logs something");
     for line in lines {
@@ -1405,7 +1287,7 @@ fn down_after_a_crash_starts_the_runs_provider_program_again_and_leaves_nothing(
         "the reference provider is at {}",
         program.display()
     );
-    let root = cluster.dir.path().join("machines-root");
+    let root = cluster.path("machines-root");
     fs::create_dir_all(&root).unwrap();
     cluster.write_text(&format!(
         "run = \"{}\"\n\n[providers.exec]\ncommand = [\"python3\", \"{}\", \"--root\", \"{}\"]\n\n[[group]]\nid = \"remote\"\ncount = 2\nprovider = \"exec\"\n",

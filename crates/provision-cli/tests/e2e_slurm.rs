@@ -5,32 +5,26 @@
 //! files) torn down in `Drop`, also when the test fails. Jobs are counted
 //! from `squeue`, independently of the plugin.
 
-use std::fs;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+mod up;
+
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use provisioning_slurm::testbed::Testbed;
 use serde_json::Value;
+use up::{Bounds, POLL_INTERVAL, Up, nodes, ready};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_provision");
-/// The bound on convergence.
-const CONVERGE_BOUND: Duration = Duration::from_secs(120);
-/// The bound on `up` exiting after it was asked to.
-const EXIT_BOUND: Duration = Duration::from_secs(90);
-/// The bound on one short command.
-const COMMAND_BOUND: Duration = Duration::from_secs(30);
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
+const BOUNDS: Bounds = Bounds {
+    converge: Duration::from_secs(120),
+    exit: Duration::from_secs(90),
+    command: Duration::from_secs(30),
+};
 const NODES: usize = 4;
 
 /// `provision up` over a testbed; dropping it kills `up`, then the testbed.
 struct SlurmCluster {
-    up: Option<Child>,
-    run: String,
-    dir: tempfile::TempDir,
+    up: Up,
     // Last: torn down after `up` is dead.
     bed: Testbed,
 }
@@ -48,156 +42,54 @@ impl SlurmCluster {
 
     fn build(test: &str, listen: Option<u16>) -> Self {
         let bed = Testbed::start(NODES);
-        let dir = tempfile::Builder::new()
-            .prefix("provision-e2e-slurm-")
-            .tempdir()
-            .expect("a temporary directory");
         let run = format!("e2e-slurm-{test}-{}", std::process::id());
+        let up = Up::new("provision-e2e-slurm-", run, "slurm.toml", BOUNDS)
+            .with_log("info")
+            .appending();
         let shape = format!(
             "run = \"{run}\"\n\n[providers.slurm]\nslurm_conf = \"{conf}\"\n{listen}\n\
              [[group]]\nid = \"workers\"\ncount = {NODES}\nprovider = \"slurm\"\n\
              slurm = {{ partition = \"debug\", cpus = 1, memory = \"100M\" }}\n\
              [group.boot]\nverify_commands = [\"test -d /proc/self\"]\nstart_command = \"sleep 3600\"\n",
+            run = up.run,
             conf = bed.conf().display(),
             listen = listen.map_or(String::new(), |port| format!(
                 "listen = \"127.0.0.1:{port}\"\n"
             )),
         );
-        let cluster = SlurmCluster {
-            up: None,
-            run,
-            dir,
-            bed,
-        };
-        fs::write(cluster.file(), shape).expect("write the shape file");
-        cluster
-    }
-
-    fn file(&self) -> PathBuf {
-        self.dir.path().join("slurm.toml")
+        up.write_shape(&shape);
+        SlurmCluster { up, bed }
     }
 
     fn prefix(&self) -> String {
-        format!("prov+{}+", self.run)
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BINARY);
-        command
-            .args(args)
-            .env("PROVISION_SOCKET_DIR", self.dir.path().join("sockets"))
-            .env("PROVISION_STATE_DIR", self.dir.path().join("state"))
-            .env_remove("PROVISION_SOCKET")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null());
-        command
+        format!("prov+{}+", self.up.run)
     }
 
     fn start(&mut self) {
-        let append = |name: &str| {
-            fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.dir.path().join(name))
-                .expect("output file")
-        };
-        let child = self
-            .command(&[])
-            .args(["up", "--plain", "--shutdown-timeout", "60"])
-            .arg(self.file())
-            .stdout(append("up.out"))
-            .stderr(append("up.err"))
-            .spawn()
-            .expect("start provision up");
-        self.up = Some(child);
+        self.up.start(&[], &[], 60);
     }
 
     /// The `up` log so far (both lives of a restarted `up` append to it).
     fn log(&self) -> String {
-        fs::read_to_string(self.dir.path().join("up.err")).unwrap_or_default()
+        self.up.log()
     }
 
     fn up_output(&self) -> String {
-        let read = |name: &str| fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
-        let err = read("up.err");
-        let tail: Vec<&str> = err.lines().rev().take(80).collect();
         format!(
-            "--- up stdout ---\n{}\n--- up stderr (last 80 lines) ---\n{}\n--- squeue ---\n{:?}",
-            read("up.out"),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            "{}\n--- squeue ---\n{:?}",
+            self.up.output(),
             self.bed.jobs()
         )
     }
 
-    fn run_command(&self, args: &[&str]) -> Output {
-        let mut child = self
-            .command(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start provision");
-        let deadline = Instant::now() + COMMAND_BOUND;
-        loop {
-            if child.try_wait().expect("poll").is_some() {
-                return child.wait_with_output().expect("output");
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                panic!("provision {args:?} did not finish in {COMMAND_BOUND:?}");
-            }
-            sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn status(&self) -> Option<Value> {
-        let output = self.run_command(&["status", "--json", "--run", &self.run]);
-        output
-            .status
-            .success()
-            .then(|| serde_json::from_slice(&output.stdout).expect("status --json is JSON"))
-    }
-
     fn wait_for(&mut self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + CONVERGE_BOUND;
-        let mut last = None;
-        loop {
-            if let Some(status) = self.status() {
-                if done(&status) {
-                    return status;
-                }
-                last = Some(status);
-            }
-            if let Some(child) = self.up.as_mut()
-                && let Ok(Some(exit)) = child.try_wait()
-            {
-                panic!(
-                    "up exited ({exit}) while waiting for {what}\n{}",
-                    self.up_output()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; last status: {last:#?}\n{}",
-                self.up_output()
-            );
-            sleep(POLL_INTERVAL);
-        }
+        let bed = &self.bed;
+        self.up
+            .wait_for(what, done, || format!("--- squeue ---\n{:?}", bed.jobs()))
     }
 
-    fn wait_up_exit(&mut self) -> ExitStatus {
-        let mut child = self.up.take().expect("up runs");
-        let deadline = Instant::now() + EXIT_BOUND;
-        loop {
-            if let Some(exit) = child.try_wait().expect("poll up") {
-                return exit;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("up did not exit in time\n{}", self.up_output());
-            }
-            sleep(POLL_INTERVAL);
-        }
+    fn wait_up_exit(&mut self) -> std::process::ExitStatus {
+        self.up.wait_exit()
     }
 
     /// The run's jobs that hold or wait for an allocation, from `squeue`.
@@ -211,34 +103,6 @@ impl SlurmCluster {
         ids.sort_unstable();
         ids
     }
-}
-
-impl Drop for SlurmCluster {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.up.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn nodes(status: &Value) -> Vec<(String, u64, bool)> {
-    status["nodes"]
-        .as_array()
-        .expect("nodes is an array")
-        .iter()
-        .map(|n| {
-            (
-                n["id"].as_str().expect("id").to_owned(),
-                n["attempt"].as_u64().expect("attempt"),
-                n["ready"].as_bool().expect("ready"),
-            )
-        })
-        .collect()
-}
-
-fn ready(status: &Value) -> usize {
-    nodes(status).iter().filter(|n| n.2).count()
 }
 
 #[test]
@@ -289,11 +153,7 @@ fn a_slurm_fleet_converges_replaces_a_cancelled_job_and_ctrl_c_leaves_no_job() {
     );
 
     // Ctrl-C: a graceful teardown that leaves no job of the run.
-    kill(
-        Pid::from_raw(i32::try_from(cluster.up.as_ref().expect("up").id()).expect("pid")),
-        Signal::SIGINT,
-    )
-    .expect("SIGINT");
+    cluster.up.signal(Signal::SIGINT);
     let exit = cluster.wait_up_exit();
     assert!(
         exit.success(),
@@ -327,9 +187,7 @@ fn after_kill_9_of_up_a_restart_adopts_every_job_and_its_running_agent() {
     assert_eq!(jobs.len(), NODES, "{}", cluster.up_output());
 
     // The controller dies without a word; jobs and agent steps stay.
-    let mut up = cluster.up.take().expect("up runs");
-    up.kill().expect("SIGKILL");
-    let _ = up.wait();
+    cluster.up.kill();
     assert_eq!(
         cluster.live_job_ids(),
         jobs,
@@ -343,7 +201,7 @@ fn after_kill_9_of_up_a_restart_adopts_every_job_and_its_running_agent() {
     });
     // Every running agent re-joins the restarted controller (adopted): its
     // workload was not started again.
-    let deadline = Instant::now() + CONVERGE_BOUND;
+    let deadline = Instant::now() + BOUNDS.converge;
     loop {
         let log = cluster.log();
         let rejoined = log
@@ -385,11 +243,7 @@ fn after_kill_9_of_up_a_restart_adopts_every_job_and_its_running_agent() {
         cluster.up_output()
     );
 
-    kill(
-        Pid::from_raw(i32::try_from(cluster.up.as_ref().expect("up").id()).expect("pid")),
-        Signal::SIGINT,
-    )
-    .expect("SIGINT");
+    cluster.up.signal(Signal::SIGINT);
     let exit = cluster.wait_up_exit();
     assert!(
         exit.success(),

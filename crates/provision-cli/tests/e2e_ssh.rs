@@ -9,9 +9,10 @@
 #[path = "../../provisioning-ssh/tests/common/mod.rs"]
 mod common;
 
+mod up;
+
 use std::fs;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -21,24 +22,21 @@ use nix::unistd::Pid;
 use provisioning::RunId;
 use provisioning_process::os;
 use serde_json::Value;
+use up::{BINARY, Bounds, POLL_INTERVAL, Up, nodes, ready};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_provision");
-/// The bound on convergence (the first bring-up uploads the agent).
-const CONVERGE_BOUND: Duration = Duration::from_secs(180);
-/// The bound on `up` exiting after it was asked to.
-const EXIT_BOUND: Duration = Duration::from_secs(90);
-/// The bound on one short command.
-const COMMAND_BOUND: Duration = Duration::from_secs(30);
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
+const BOUNDS: Bounds = Bounds {
+    // The first bring-up uploads the agent.
+    converge: Duration::from_secs(180),
+    exit: Duration::from_secs(90),
+    command: Duration::from_secs(30),
+};
 const HOSTS: usize = 4;
 const NODES: usize = 4;
 
 /// `provision up` over a testbed. Dropping it kills `up`, then the
 /// testbed kills every agent, sshd and namespace.
 struct SshCluster {
-    up: Option<Child>,
-    run: String,
-    dir: tempfile::TempDir,
+    up: Up,
     // Last: torn down after `up` is dead.
     bed: Testbed,
 }
@@ -46,30 +44,28 @@ struct SshCluster {
 impl SshCluster {
     fn new(test: &str) -> Self {
         let bed = Testbed::start_netns(HOSTS);
-        let dir = tempfile::Builder::new()
-            .prefix("provision-e2e-ssh-")
-            .tempdir()
-            .expect("a temporary directory");
         let run = format!("e2e-ssh-{test}-{}", std::process::id());
         let port = std::net::TcpListener::bind((bed.controller_address(), 0))
             .and_then(|l| l.local_addr())
             .expect("a free port for the swarm listener")
             .port();
-        let cluster = SshCluster {
-            up: None,
-            run,
-            dir,
-            bed,
-        };
-        fs::write(cluster.file(), cluster.shape(port)).expect("write the shape file");
+        let up = Up::new("provision-e2e-ssh-", run, "ssh.toml", BOUNDS)
+            .with_log("info")
+            .appending();
+        let cluster = SshCluster { up, bed };
+        cluster.up.write_shape(&cluster.shape(port));
         cluster
+    }
+
+    fn run(&self) -> &str {
+        &self.up.run
     }
 
     fn shape(&self, port: u16) -> String {
         let mut text = format!(
             "run = \"{run}\"\n\n[providers.ssh]\nknown_hosts = \"{known}\"\nlisten = \"{listen}:{port}\"\n\
              ssh_config = \"/dev/null\"\njoin_timeout_secs = 60\n",
-            run = self.run,
+            run = self.run(),
             known = self.bed.known_hosts.display(),
             listen = self.bed.controller_address(),
         );
@@ -91,109 +87,20 @@ impl SshCluster {
         text
     }
 
-    fn file(&self) -> PathBuf {
-        self.dir.path().join("ssh.toml")
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(BINARY);
-        command
-            .args(args)
-            .env("PROVISION_SOCKET_DIR", self.dir.path().join("sockets"))
-            .env("PROVISION_STATE_DIR", self.dir.path().join("state"))
-            .env_remove("PROVISION_SOCKET")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null());
-        command
-    }
-
     fn start(&mut self) {
-        let append = |name: &str| {
-            fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.dir.path().join(name))
-                .expect("output file")
-        };
-        let child = self
-            .command(&[])
-            .args(["up", "--plain", "--shutdown-timeout", "60"])
-            .arg(self.file())
-            .stdout(append("up.out"))
-            .stderr(append("up.err"))
-            .spawn()
-            .expect("start provision up");
-        self.up = Some(child);
+        self.up.start(&[], &[], 60);
     }
 
     fn up_output(&self) -> String {
-        let read = |name: &str| fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
-        let err = read("up.err");
-        let tail: Vec<&str> = err.lines().rev().take(80).collect();
-        format!(
-            "--- up stdout ---\n{}\n--- up stderr (last 80 lines) ---\n{}",
-            read("up.out"),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        )
-    }
-
-    fn run_command(&self, args: &[&str]) -> Output {
-        self.run_bounded(args, COMMAND_BOUND)
+        self.up.output()
     }
 
     fn run_bounded(&self, args: &[&str], bound: Duration) -> Output {
-        let mut child = self
-            .command(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start provision");
-        let deadline = Instant::now() + bound;
-        loop {
-            if child.try_wait().expect("poll").is_some() {
-                return child.wait_with_output().expect("output");
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                panic!("provision {args:?} did not finish in {bound:?}");
-            }
-            sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn status(&self) -> Option<Value> {
-        let output = self.run_command(&["status", "--json", "--run", &self.run]);
-        output
-            .status
-            .success()
-            .then(|| serde_json::from_slice(&output.stdout).expect("status --json is JSON"))
+        self.up.run_bounded(args, bound)
     }
 
     fn wait_for(&mut self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + CONVERGE_BOUND;
-        let mut last = None;
-        loop {
-            if let Some(status) = self.status() {
-                if done(&status) {
-                    return status;
-                }
-                last = Some(status);
-            }
-            if let Some(child) = self.up.as_mut()
-                && let Ok(Some(exit)) = child.try_wait()
-            {
-                panic!(
-                    "up exited ({exit}) while waiting for {what}\n{}",
-                    self.up_output()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; last status: {last:#?}\n{}",
-                self.up_output()
-            );
-            sleep(POLL_INTERVAL);
-        }
+        self.up.wait_for(what, done, String::new)
     }
 
     fn wait_converged(&mut self) -> Value {
@@ -203,24 +110,11 @@ impl SshCluster {
     }
 
     fn signal_up(&self, signal: Signal) {
-        let pid = self.up.as_ref().expect("up runs").id();
-        kill(Pid::from_raw(i32::try_from(pid).expect("pid")), signal).expect("signal up");
+        self.up.signal(signal);
     }
 
     fn wait_up_exit(&mut self) -> ExitStatus {
-        let mut child = self.up.take().expect("up runs");
-        let deadline = Instant::now() + EXIT_BOUND;
-        loop {
-            if let Some(exit) = child.try_wait().expect("poll up") {
-                return exit;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("up did not exit in time\n{}", self.up_output());
-            }
-            sleep(POLL_INTERVAL);
-        }
+        self.up.wait_exit()
     }
 
     /// Every live agent of the testbed, by host: pids of processes in the
@@ -251,7 +145,7 @@ impl SshCluster {
         self.bed
             .hosts
             .iter()
-            .map(|h| h.claims_of(&self.run))
+            .map(|h| h.claims_of(self.run()))
             .collect()
     }
 
@@ -260,10 +154,10 @@ impl SshCluster {
     fn agent_pids(&self) -> Vec<(String, String)> {
         let mut pids = Vec::new();
         for host in &self.bed.hosts {
-            for claim in host.claims_of(&self.run) {
+            for claim in host.claims_of(self.run()) {
                 let file = host
                     .claims()
-                    .join(&self.run)
+                    .join(self.run())
                     .join(&claim)
                     .join("session/pid");
                 if let Ok(pid) = fs::read_to_string(file) {
@@ -277,7 +171,7 @@ impl SshCluster {
 
     /// Waits (bounded) until no agent and no claim of the run is left.
     fn assert_nothing_left(&self) {
-        let deadline = Instant::now() + COMMAND_BOUND;
+        let deadline = Instant::now() + BOUNDS.command;
         while (self.agent_count() > 0 || self.claims().iter().any(|c| !c.is_empty()))
             && Instant::now() < deadline
         {
@@ -290,7 +184,7 @@ impl SshCluster {
             "claims left"
         );
         assert_eq!(
-            os::run_processes(&RunId::new(self.run.as_str())).expect("read /proc"),
+            os::run_processes(&RunId::new(self.run())).expect("read /proc"),
             Vec::new(),
             "workloads left"
         );
@@ -299,31 +193,9 @@ impl SshCluster {
 
 impl Drop for SshCluster {
     fn drop(&mut self) {
-        if let Some(mut child) = self.up.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = os::kill_run(&RunId::new(self.run.as_str()), Duration::from_secs(10));
+        self.up.kill();
+        let _ = os::kill_run(&RunId::new(self.up.run.as_str()), Duration::from_secs(10));
     }
-}
-
-fn nodes(status: &Value) -> Vec<(String, u64, bool)> {
-    status["nodes"]
-        .as_array()
-        .expect("nodes is an array")
-        .iter()
-        .map(|n| {
-            (
-                n["id"].as_str().expect("id").to_owned(),
-                n["attempt"].as_u64().expect("attempt"),
-                n["ready"].as_bool().expect("ready"),
-            )
-        })
-        .collect()
-}
-
-fn ready(status: &Value) -> usize {
-    nodes(status).iter().filter(|n| n.2).count()
 }
 
 #[test]
@@ -462,7 +334,7 @@ fn down_after_a_crash_of_up_tears_the_ssh_fleet_down_from_the_state() {
     assert_eq!(cluster.agent_count(), NODES, "the agents outlive up");
     // No `up` runs: `down` starts the run's providers from the shape file
     // kept in the state (the ssh inventory included) and tears down.
-    let output = cluster.run_bounded(&["down", "--run", &cluster.run.clone()], EXIT_BOUND);
+    let output = cluster.run_bounded(&["down", "--run", cluster.run()], BOUNDS.exit);
     assert!(
         output.status.success(),
         "down failed: {}\n{}",
