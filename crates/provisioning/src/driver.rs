@@ -355,6 +355,10 @@ struct LimitState {
     held_by_cap: BTreeMap<String, BTreeSet<LogicalNodeId>>,
     /// Drifted ready nodes whose replacement waits for the rollout budget.
     held_by_budget: BTreeMap<GroupId, BTreeSet<LogicalNodeId>>,
+    /// Nodes whose insert or restart an open breaker holds back, per group:
+    /// their wake depends on the breaker, so a change of it looks at them
+    /// again.
+    held_by_breaker: BTreeMap<GroupId, BTreeSet<LogicalNodeId>>,
     breakers: BTreeMap<GroupId, BreakerStatus>,
     counters: LimitCounters,
 }
@@ -823,6 +827,13 @@ impl ClusterDriver {
         }
         let last_error = after.retry.last_error.clone();
         let group = id.group();
+        // The breaker changes (it counts a failure, opens again after a failed
+        // probe, or closes): the nodes it holds back wake by it, so they are
+        // looked at again, or a later pass would move their timers (G19).
+        let held = self.limit_state.held_by_breaker.remove(group);
+        for held in held.into_iter().flatten() {
+            self.touch(&held);
+        }
         if failed {
             let policy = self.limits.breakers.get(group).copied();
             let breaker = self.limit_state.breakers.entry(group.clone()).or_default();
@@ -982,6 +993,11 @@ impl ClusterDriver {
                     return None;
                 }
                 self.limit_state.counters.held_by_breaker += 1;
+                self.limit_state
+                    .held_by_breaker
+                    .entry(group.clone())
+                    .or_default()
+                    .insert(id.clone());
                 let wake = if now.reached(probe_at) {
                     next_period_after(probe_at, policy.cooldown, now)
                 } else {
@@ -1201,6 +1217,7 @@ impl ClusterDriver {
             // Every held node is looked at again by this pass.
             self.limit_state.held_by_cap.clear();
             self.limit_state.held_by_budget.clear();
+            self.limit_state.held_by_breaker.clear();
         }
         let mut errors = Vec::new();
         let mut budget = PassBudget::default();

@@ -304,3 +304,66 @@ fn a_convergence_report_before_the_starts_answer_moves_the_node_to_bootstrap_run
     assert!(record.bootstrap.is_some(), "the session's facts exist");
     assert_eq!(record.stage, NodeStage::BootstrapRunning);
 }
+
+/// Answers every operation at `now` with success, except that every start
+/// fails definitely; drives until nothing more is submitted.
+fn with_failing_starts(d: &mut ClusterDriver, sink: &mut RecordingSink, now: Timestamp) {
+    for _ in 0..32 {
+        let ops = drive(d, sink, now);
+        if ops.is_empty() {
+            return;
+        }
+        for op in ops {
+            let outcome = if op.kind() == EffectKind::StartBootstrap {
+                reply(&op, Err(EffectError::definite("the agent does not start")))
+            } else {
+                success(&op)
+            };
+            d.apply_executor_result(&outcome, now).unwrap();
+        }
+    }
+}
+
+/// Kit finding (G19 quiescence), shrunk trace:
+/// `run fifo; run fifo; limit breaker a 2 1000ms; run fifo; stream @0 failed
+/// join-failed; stream @0 closed; run one 0; run fifo; tick 30001ms; run one
+/// 0; run fifo; stream @0 failed stream-error`.
+///
+/// A node an open breaker holds back wakes by the breaker (at the probe, or
+/// on the probe's grid while the probe is out). When the probe fails the
+/// breaker opens again at that instant, so the held node's wake changes: it
+/// must be looked at again then, or a forced pass over the settled driver
+/// moves its timer (SPEC §7, G19).
+#[test]
+fn a_failed_breaker_probe_looks_again_at_the_nodes_the_breaker_holds() {
+    let mut d = driver();
+    let g = provisioning::GroupId::new("g");
+    d.set_limits(provisioning::Limits {
+        breakers: std::collections::BTreeMap::from([(
+            g.clone(),
+            provisioning::BreakerPolicy::new(2, std::time::Duration::from_millis(1_000)),
+        )]),
+        ..provisioning::Limits::default()
+    });
+    d.update_desired(shape(1, vec![group("g", 2, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    // Both first attempts fail: the breaker opens at 0.
+    with_failing_starts(&mut d, &mut sink, at(0));
+    assert_eq!(d.breaker(&g).and_then(|b| b.opened_at), Some(at(0)));
+    // Long after the cool-down g-0's restart is the probe (g-1 is held),
+    // and the probe fails too: the breaker opens again, now.
+    let now = at(30_001);
+    with_failing_starts(&mut d, &mut sink, now);
+    assert_eq!(d.breaker(&g).and_then(|b| b.opened_at), Some(now));
+    assert_eq!(d.limit_counters().breaker_probes, 1);
+    let settled = d.requeue_at();
+    assert_eq!(
+        settled,
+        Some(at(31_001)),
+        "g-1 wakes for the next probe, one cool-down after the breaker opened again"
+    );
+    d.trigger();
+    assert!(drive(&mut d, &mut sink, now).is_empty());
+    assert_eq!(d.requeue_at(), settled, "a forced pass moves no timer");
+}
