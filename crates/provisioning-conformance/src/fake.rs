@@ -15,7 +15,11 @@
 //! - a call that needs a lease that is gone reports the node lost and fails
 //!   definitely (as the plugin adapter does for a not-found resource);
 //! - every third attempt learns its endpoint with the lease, the others need
-//!   a lookup, so both paths of the ladder are taken.
+//!   a lookup, so both paths of the ladder are taken;
+//! - after a controller crash the live sessions (and any a dead controller's
+//!   call starts later) are quiet: nothing of them is reported until an
+//!   adopting start of the new controller re-attaches them, whose agent then
+//!   joins again (see `Ledger::controller_restarted`).
 //!
 //! Work runs on a [`ManualSpawner`], so a trace replays identically.
 //! [`Defect`]s turn the backend deliberately dishonest, to show that the
@@ -174,11 +178,12 @@ impl FakeBackend {
         &self,
         operation: &Operation,
         fault: Option<Fault>,
+        epoch: u64,
     ) -> Result<EffectOutput, EffectError> {
         let mut ledger = self.lock();
         let fault = match fault {
             None | Some(Fault::Succeed | Fault::Hang) => {
-                return self.perform(&mut ledger, operation);
+                return self.perform(&mut ledger, operation, epoch);
             }
             Some(fault) => fault,
         };
@@ -188,13 +193,13 @@ impl FakeBackend {
                 if ledger.live_lease(&key).is_some() {
                     Ok(EffectOutput::Endpoint(EndpointLookup::NotReady))
                 } else {
-                    self.perform(&mut ledger, operation)
+                    self.perform(&mut ledger, operation, epoch)
                 }
             }
             // An honest backend looks before it fails: a definite failure
             // (or a crash) on the creation path cannot hide an existing resource.
             Fault::Definite | Fault::Panic if FakeBackend::would_adopt(&ledger, operation) => {
-                self.perform(&mut ledger, operation)
+                self.perform(&mut ledger, operation, epoch)
             }
             Fault::Definite => Err(EffectError::definite("scripted definite failure")),
             Fault::Panic => {
@@ -202,7 +207,7 @@ impl FakeBackend {
                 std::panic::panic_any(SCRIPTED_PANIC_MESSAGE);
             }
             Fault::AmbiguousDone => {
-                self.perform(&mut ledger, operation)?;
+                self.perform(&mut ledger, operation, epoch)?;
                 Err(EffectError::ambiguous("scripted lost reply after the work"))
             }
             _ => Err(EffectError::ambiguous("scripted ambiguous failure")),
@@ -213,6 +218,7 @@ impl FakeBackend {
         &self,
         ledger: &mut Ledger<ResourceKey, EffectKind>,
         operation: &Operation,
+        epoch: u64,
     ) -> Result<EffectOutput, EffectError> {
         let key = key_of(operation);
         let lost = || {
@@ -240,14 +246,18 @@ impl FakeBackend {
                 EffectOutput::Endpoint(EndpointLookup::Ready(endpoint_of(lease))),
             ),
             EffectRequest::StartBootstrap { lease, .. } if ledger.holds_lease(&key, lease) => {
-                let BootstrapSession { session, adopted } = ledger.start_session(&key);
+                let BootstrapSession { session, adopted } = ledger.start_session(&key, epoch);
                 Ok(EffectOutput::BootstrapStarted { session, adopted })
             }
             EffectRequest::LookupEndpoint { .. } | EffectRequest::StartBootstrap { .. } => lost(),
             EffectRequest::BootstrapConvergenceObserved { .. } => {
+                let streams = ledger.session_streams(&key);
                 if ledger.end_session(&key) {
-                    // The provider finishes the session once told the agent joined.
-                    self.report_bootstrap(&key, BootstrapEvent::Closed);
+                    // The provider finishes the session once told the agent
+                    // joined (a quiet session's close reaches nobody).
+                    if streams {
+                        self.report_bootstrap(&key, BootstrapEvent::Closed);
+                    }
                     Ok(EffectOutput::ConvergenceAcknowledged)
                 } else if ledger.live_lease(&key).is_some() {
                     // Already closed: finishing it again is a no-op.
@@ -288,17 +298,20 @@ impl EffectBackend for FakeBackend {
         Box::pin(async move {
             let _in_flight = self.calls.start(operation);
             let kind = operation.kind();
+            // The controller epoch the call started in (see
+            // `Ledger::controller_restarted`).
+            let epoch = self.lock().epoch();
             if self.take_wrong_answer(kind) {
                 let mut ledger = self.lock();
                 return self
-                    .perform(&mut ledger, operation)
+                    .perform(&mut ledger, operation, epoch)
                     .map(|_| wrong_output(kind));
             }
             let fault = self.lock().take_script(kind, |f| f.applies_to(kind));
             if fault == Some(Fault::Hang) {
                 self.hangs.park().await;
             }
-            self.finish(operation, fault)
+            self.finish(operation, fault, epoch)
         })
     }
 }
@@ -440,6 +453,10 @@ impl Substrate for FakeSubstrate {
 
     fn survives_controller_crash(&self) -> bool {
         true
+    }
+
+    fn controller_restarted(&mut self) {
+        self.backend.lock().controller_restarted();
     }
 
     fn destroy_orphan(&mut self, key: &ResourceKey) -> bool {
@@ -699,6 +716,75 @@ mod tests {
             None,
             "no live session"
         );
+    }
+
+    #[test]
+    fn after_a_controller_restart_a_session_is_quiet_until_an_adopting_start_re_attaches_it() {
+        let mut substrate = FakeSubstrate::new();
+        let backend = substrate.backend();
+        let lease = lease_of(call(&backend, &create(1)));
+        let start = |sequence| {
+            operation(
+                1,
+                sequence,
+                EffectRequest::StartBootstrap {
+                    lease: lease.clone(),
+                    endpoint: EndpointName("e".into()),
+                },
+            )
+        };
+        call(&backend, &start(2));
+        assert_eq!(
+            substrate.fair_progress(),
+            1,
+            "the agent joins the first controller"
+        );
+        substrate.take_observations();
+        substrate.controller_restarted();
+        // The session streamed to the controller that died: the new one hears
+        // nothing of it, its join included.
+        assert_eq!(substrate.stream(0, StreamEvent::Converged), None);
+        assert_eq!(substrate.fair_progress(), 0);
+        assert!(substrate.take_observations().is_empty());
+        assert_eq!(
+            substrate.live_resources().sessions.len(),
+            1,
+            "the agent lives on"
+        );
+        // The new controller's start adopts the session and re-attaches it:
+        // the agent joins its swarm, and that join is reported.
+        assert!(matches!(
+            call(&backend, &start(3)),
+            Some(Ok(EffectOutput::BootstrapStarted { adopted: true, .. }))
+        ));
+        assert!(substrate.stream(0, StreamEvent::Converged).is_some());
+        assert_eq!(substrate.fair_progress(), 1);
+        assert_eq!(substrate.take_observations().len(), 2);
+    }
+
+    #[test]
+    fn a_session_a_dead_controllers_hung_start_makes_is_quiet() {
+        let mut substrate = FakeSubstrate::new();
+        let backend = substrate.backend();
+        let lease = lease_of(call(&backend, &create(1)));
+        let start = operation(
+            1,
+            2,
+            EffectRequest::StartBootstrap {
+                lease,
+                endpoint: EndpointName("e".into()),
+            },
+        );
+        substrate.script(FaultTarget::Kind(EffectKind::StartBootstrap), Fault::Hang);
+        let mut hung = backend.execute(&start);
+        assert_eq!(poll_once(&mut hung), None);
+        substrate.controller_restarted();
+        assert!(substrate.release_oldest_hang());
+        assert!(poll_once(&mut hung).is_some());
+        drop(hung);
+        assert_eq!(substrate.live_resources().sessions.len(), 1);
+        assert_eq!(substrate.stream(0, StreamEvent::Joined), None);
+        assert_eq!(substrate.fair_progress(), 0);
     }
 
     #[test]

@@ -108,6 +108,11 @@ impl SlotKey for AttemptKey {
 struct Session {
     handle: SessionHandle,
     joined: bool,
+    /// The session streams to a controller that died: its agent goes on
+    /// (and re-joins the swarm of the new controller, as the remote agents
+    /// do), but the provider reports nothing of it until the new controller
+    /// re-attaches with an adopting start (see [`Ledger::controller_restarted`]).
+    quiet: bool,
 }
 
 /// What is live per key `K`, who every handle was issued to, the faults
@@ -119,6 +124,9 @@ pub(crate) struct Ledger<K, M> {
     lease_owners: BTreeMap<LeaseHandle, K>,
     session_owners: BTreeMap<SessionHandle, K>,
     serial: u64,
+    /// How many times the controller restarted: a call that started in an
+    /// earlier epoch is a dead controller's call.
+    epoch: u64,
     alarms: Vec<String>,
     /// Faults waiting for their calls.
     pub(crate) scripts: FaultQueue<M>,
@@ -134,6 +142,7 @@ impl<K, M: PartialEq> Default for Ledger<K, M> {
             lease_owners: BTreeMap::new(),
             session_owners: BTreeMap::new(),
             serial: 0,
+            epoch: 0,
             alarms: Vec::new(),
             scripts: FaultQueue::new(),
             counters: SubstrateCounters::default(),
@@ -205,14 +214,49 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
         }
     }
 
-    /// Adopts the live session of `key`, or starts one. The caller checked
-    /// that the key's lease is live.
-    pub(crate) fn start_session(&mut self, key: &K) -> BootstrapSession {
+    /// The controller epoch now: a call records it when it starts and hands
+    /// it to [`Ledger::start_session`].
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The controller died and a new one was recovered. Every live session
+    /// streamed to the dead one, and so does a session a call of the dead
+    /// controller starts later: such a session goes *quiet*. Its agent lives
+    /// on, but the provider reports nothing of it (no stream event, no join,
+    /// no close) until an adopting start of the new controller re-attaches
+    /// it; the agent then joins the new controller's swarm and that join is
+    /// reported. This is what the real providers do: the process plugin's
+    /// re-attach of a listed session, the ssh and Slurm agents that re-join a
+    /// restarted controller and are announced by its start. The core's
+    /// recovery relies on it: it makes every session that had not handed off
+    /// an ambiguous start, to be re-issued.
+    pub(crate) fn controller_restarted(&mut self) {
+        self.epoch += 1;
+        for session in self.sessions.values_mut() {
+            session.quiet = true;
+        }
+    }
+
+    /// Whether `key` has a live session that reports to the controller.
+    pub(crate) fn session_streams(&self, key: &K) -> bool {
+        self.sessions.get(key).is_some_and(|s| !s.quiet)
+    }
+
+    /// Adopts the live session of `key`, or starts one, for a call that
+    /// started in controller epoch `epoch`. The caller checked that the
+    /// key's lease is live.
+    pub(crate) fn start_session(&mut self, key: &K, epoch: u64) -> BootstrapSession {
+        let dead_caller = epoch != self.epoch;
         if let Some(session) = self.sessions.get_mut(key) {
             // A start that adopts opens a new stream to its caller (a
-            // recovered controller): the agent joins that controller's swarm
-            // again, and the join is reported again once it does.
-            session.joined = false;
+            // recovered controller re-attaching): the agent joins that
+            // controller's swarm again, and the join is reported again once
+            // it does. A dead controller's start re-attaches nothing.
+            if !dead_caller {
+                session.joined = false;
+                session.quiet = false;
+            }
             let session = session.handle.clone();
             self.counters.adoptions += 1;
             return BootstrapSession {
@@ -227,6 +271,7 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
         let live = Session {
             handle: session.clone(),
             joined: false,
+            quiet: dead_caller,
         };
         self.sessions.insert(key.clone(), live);
         self.session_owners.insert(session.clone(), key.clone());
@@ -251,9 +296,19 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
     /// Makes the `index`-th live session (modulo their number, in key order)
     /// report `event`; `closed` and failures end the session. Returns the
     /// session's key and the event, or `None` when no session is live.
+    ///
+    /// Only sessions that stream to the controller are counted: a quiet
+    /// session (see [`Ledger::controller_restarted`]) reports nothing.
     pub(crate) fn stream(&mut self, index: u32, event: StreamEvent) -> Option<(K, BootstrapEvent)> {
-        let nth = (index as usize).checked_rem(self.sessions.len())?;
-        let key = self.sessions.keys().nth(nth)?.clone();
+        let streaming = self.sessions.values().filter(|s| !s.quiet).count();
+        let nth = (index as usize).checked_rem(streaming)?;
+        let key = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.quiet)
+            .nth(nth)?
+            .0
+            .clone();
         let event = match event {
             StreamEvent::Progress(stage) => BootstrapEvent::Progress(stage),
             StreamEvent::Converged => BootstrapEvent::Converged,
@@ -290,10 +345,15 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
     }
 
     /// Lets every live session whose agent has not joined yet join. Returns
-    /// their keys, in key order.
+    /// their keys, in key order. A quiet session's agent joins nobody the
+    /// provider reports to: it waits for the new controller's re-attach.
     pub(crate) fn join_waiting(&mut self) -> Vec<K> {
         let mut joined = Vec::new();
-        for (key, session) in self.sessions.iter_mut().filter(|(_, s)| !s.joined) {
+        for (key, session) in self
+            .sessions
+            .iter_mut()
+            .filter(|(_, s)| !s.joined && !s.quiet)
+        {
             session.joined = true;
             joined.push(key.clone());
         }

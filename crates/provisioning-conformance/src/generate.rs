@@ -26,6 +26,10 @@ pub const TICK_SIZES_MS: [u64; 13] = [
 /// The default share of seeds (in a thousand) with untidy interleavings.
 pub const INTERLEAVE_PER_MILLE: u32 = 250;
 
+/// The default share of seeds (in a thousand) that draw the executor-level
+/// inputs ([`Input::Resubmit`], [`Input::Confuse`]).
+pub const EXECUTOR_INPUTS_PER_MILLE: u32 = 250;
+
 /// How the generator shapes traces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GeneratorConfig {
@@ -36,11 +40,8 @@ pub struct GeneratorConfig {
     /// How many seeds in a thousand get an exhaustion or saturation edge (G13).
     pub edges_per_mille: u32,
     /// How many seeds in a thousand also draw the executor-level inputs
-    /// ([`Input::Resubmit`], [`Input::Confuse`]). Zero by default, so the
-    /// batteries' seeds keep their traces: with them on, the Level 1 seeds
-    /// reach two defects of the core that are not fixed yet (issue 18's
-    /// closing note has their reproductions), and a battery must be green.
-    /// The other seeds' traces do not depend on this setting.
+    /// ([`Input::Resubmit`], [`Input::Confuse`]); [`EXECUTOR_INPUTS_PER_MILLE`]
+    /// by default. The other seeds' traces do not depend on this setting.
     pub executor_inputs_per_mille: u32,
     /// How many seeds in a thousand run with untidy interleavings (a pass
     /// after every single delivery; [`TraceHeader::interleave`]).
@@ -53,7 +54,7 @@ impl Default for GeneratorConfig {
             min_inputs: 64,
             max_inputs: 96,
             edges_per_mille: 60,
-            executor_inputs_per_mille: 0,
+            executor_inputs_per_mille: EXECUTOR_INPUTS_PER_MILLE,
             interleave_per_mille: INTERLEAVE_PER_MILLE,
         }
     }
@@ -382,10 +383,10 @@ mod tests {
 
     #[test]
     fn executor_inputs_leave_the_other_seeds_traces_as_they_were() {
-        let plain = GeneratorConfig::default();
-        let with_executor = GeneratorConfig {
-            executor_inputs_per_mille: 500,
-            ..plain
+        let with_executor = GeneratorConfig::default();
+        let plain = GeneratorConfig {
+            executor_inputs_per_mille: 0,
+            ..with_executor
         };
         let executor_kind = |i: &Input| EXECUTOR_KINDS.contains(&i.kind());
         let (mut same, mut changed) = (0, 0);
@@ -399,7 +400,7 @@ mod tests {
                 same += 1;
             }
         }
-        assert!(same > 16 && changed > 16, "{same} {changed}");
+        assert!(same > 16 && changed > 8, "{same} {changed}");
     }
 
     #[test]

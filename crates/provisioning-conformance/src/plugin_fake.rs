@@ -19,7 +19,12 @@
 //! - facts (bootstrap events, losses) go through the attached
 //!   [`ObservationSink`], only when the harness asks: [`FakePlugin::stream`],
 //!   [`FakePlugin::lose`], [`FakePlugin::fair_progress`], and the `Closed`
-//!   event that ends a session when its bootstrap is completed.
+//!   event that ends a session when its bootstrap is completed;
+//! - after a controller crash ([`FakePlugin::controller_restarted`]) the live
+//!   sessions, and any a dead controller's call starts later, are quiet: they
+//!   report nothing until an adopting `start_bootstrap` of the new controller
+//!   re-attaches them, whose agent then joins (and is reported) again — as
+//!   the process plugin's re-attach and the re-joining ssh and Slurm agents.
 //!
 //! # Faults
 //! [`FakePlugin::script`] queues a [`Fault`] for the next call of one method
@@ -251,6 +256,13 @@ impl FakePlugin {
         let (key, event) = self.lock().stream(index, event)?;
         self.emit(vec![Fact::Bootstrap(key.clone(), event)]);
         Some(key)
+    }
+
+    /// The controller crashed and a new one was recovered: the live
+    /// sessions go quiet until the new controller re-attaches them with an
+    /// adopting start (see the module docs).
+    pub fn controller_restarted(&self) {
+        self.lock().controller_restarted();
     }
 
     /// Makes the node of `key` lose its agent (its session ends) or its lease
@@ -507,9 +519,11 @@ impl ProvisionPlugin for FakePlugin {
         key: &AttemptKey,
         request: &BootstrapRequest,
     ) -> Result<BootstrapSession, PluginError> {
+        // The controller epoch the call starts in (see `controller_restarted`).
+        let epoch = self.lock().epoch();
         self.call(PluginMethod::StartBootstrap, Some(key), |ledger, _, _| {
             if ledger.holds_lease(key, &request.lease) {
-                Ok(ledger.start_session(key))
+                Ok(ledger.start_session(key, epoch))
             } else {
                 Err(gone(key, &request.lease))
             }
@@ -526,9 +540,13 @@ impl ProvisionPlugin for FakePlugin {
             PluginMethod::CompleteBootstrap,
             Some(key),
             |ledger, facts, _| {
+                let streams = ledger.session_streams(key);
                 if ledger.end_session(key) {
-                    // Told that the agent joined, the plugin finishes the session.
-                    facts.push(Fact::Bootstrap(key.clone(), BootstrapEvent::Closed));
+                    // Told that the agent joined, the plugin finishes the
+                    // session (a quiet session's close reaches nobody).
+                    if streams {
+                        facts.push(Fact::Bootstrap(key.clone(), BootstrapEvent::Closed));
+                    }
                     Ok(())
                 } else if ledger.live_lease(key).is_some() {
                     // Already finished: completing again changes nothing.

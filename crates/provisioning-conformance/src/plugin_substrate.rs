@@ -102,6 +102,10 @@ pub trait ScriptablePlugin: ProvisionPlugin {
         false
     }
 
+    /// The controller crashed and a new one was recovered: see
+    /// [`Substrate::controller_restarted`]. Default: nothing.
+    fn controller_restarted(&self) {}
+
     /// Destroys everything live for `key` (an orphan). Returns whether
     /// anything was live. Default: cannot.
     fn destroy_orphan(&self, key: &AttemptKey) -> bool {
@@ -167,6 +171,10 @@ impl ScriptablePlugin for FakePlugin {
 
     fn survives_controller_crash(&self) -> bool {
         true
+    }
+
+    fn controller_restarted(&self) {
+        FakePlugin::controller_restarted(self);
     }
 
     fn destroy_orphan(&self, key: &AttemptKey) -> bool {
@@ -437,6 +445,10 @@ impl<P: ScriptablePlugin> Substrate for PluginSubstrate<P> {
 
     fn survives_controller_crash(&self) -> bool {
         self.plugin.survives_controller_crash()
+    }
+
+    fn controller_restarted(&mut self) {
+        self.plugin.controller_restarted();
     }
 
     fn destroy_orphan(&mut self, (node, attempt): &ResourceKey) -> bool {

@@ -383,6 +383,14 @@ pub trait Substrate {
         false
     }
 
+    /// The controller crashed and a new one was recovered (called once per
+    /// crash, before the new controller runs). A substrate whose provider
+    /// reports a session's stream only to the controller that started it
+    /// goes quiet for the live sessions here, until the new controller's
+    /// adopting start re-attaches them, as the real providers do. Default:
+    /// nothing.
+    fn controller_restarted(&mut self) {}
+
     /// Destroys everything live for `key` — an orphan no node's current
     /// attempt owns — the way the host's orphan collection does (SPEC §13).
     /// Returns whether anything was live. Default: cannot (returns `false`).

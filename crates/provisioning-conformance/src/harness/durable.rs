@@ -453,7 +453,14 @@ impl<S: Substrate> Harness<S> {
         self.vacuity.crashes += 1;
         self.durable.late_dropped_before += self.executor.counters().late_dropped;
         self.durable.control.lock().live_epoch += 1;
+        // The provider's sessions streamed to the dead controller: they go
+        // quiet until the new one re-attaches them.
+        self.substrate.controller_restarted();
         let _lost = self.substrate.take_observations();
+        // What was delivered went to the dead controller: no late or
+        // duplicated delivery of it can reach the new one (its executor and
+        // its provider streams are new), so `redeliver` starts afresh.
+        self.history.clear();
         // The new executor knows nothing of the old one's operations.
         self.executor_watch.recent.clear();
         self.executor_watch.expired.clear();
