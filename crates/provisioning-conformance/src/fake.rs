@@ -19,7 +19,10 @@
 //! - after a controller crash the live sessions (and any a dead controller's
 //!   call starts later) are quiet: nothing of them is reported until an
 //!   adopting start of the new controller re-attaches them, whose agent then
-//!   joins again (see `Ledger::controller_restarted`).
+//!   joins again (see `Ledger::controller_restarted`);
+//! - when the trace asks for late closes, the convergence call only
+//!   acknowledges and the session closes later (a `closed` stream event, a
+//!   second convergence call, or the fair tail's progress).
 //!
 //! Work runs on a [`ManualSpawner`], so a trace replays identically.
 //! [`Defect`]s turn the backend deliberately dishonest, to show that the
@@ -38,7 +41,7 @@ use provisioning::{
 };
 use provisioning_provider::{BootstrapSession, NodeLease};
 
-use crate::fake_support::{HangGate, Ledger, endpoint_of, silence_scripted_panics};
+use crate::fake_support::{Completion, HangGate, Ledger, endpoint_of, silence_scripted_panics};
 use crate::substrate::{
     CallRecord, CallRecorder, Capabilities, LiveResources, ResourceKey, Substrate,
     SubstrateCounters, run_manual_work,
@@ -251,19 +254,22 @@ impl FakeBackend {
             }
             EffectRequest::LookupEndpoint { .. } | EffectRequest::StartBootstrap { .. } => lost(),
             EffectRequest::BootstrapConvergenceObserved { .. } => {
-                let streams = ledger.session_streams(&key);
-                if ledger.end_session(&key) {
-                    // The provider finishes the session once told the agent
-                    // joined (a quiet session's close reaches nobody).
-                    if streams {
-                        self.report_bootstrap(&key, BootstrapEvent::Closed);
+                // The provider finishes the session once told the agent
+                // joined: at once, or later when sessions close late. A
+                // quiet session's close reaches nobody.
+                match ledger.complete_session(&key) {
+                    Completion::Closed { report } => {
+                        if report {
+                            self.report_bootstrap(&key, BootstrapEvent::Closed);
+                        }
+                        Ok(EffectOutput::ConvergenceAcknowledged)
                     }
-                    Ok(EffectOutput::ConvergenceAcknowledged)
-                } else if ledger.live_lease(&key).is_some() {
+                    Completion::Acknowledged => Ok(EffectOutput::ConvergenceAcknowledged),
                     // Already closed: finishing it again is a no-op.
-                    Ok(EffectOutput::ConvergenceAcknowledged)
-                } else {
-                    lost()
+                    Completion::NoSession if ledger.live_lease(&key).is_some() => {
+                        Ok(EffectOutput::ConvergenceAcknowledged)
+                    }
+                    Completion::NoSession => lost(),
                 }
             }
             EffectRequest::CancelBootstrap { .. } => {
@@ -415,11 +421,21 @@ impl Substrate for FakeSubstrate {
     }
 
     fn fair_progress(&mut self) -> usize {
-        let joined = self.backend.lock().join_waiting();
+        let (joined, closed) = {
+            let mut ledger = self.backend.lock();
+            (ledger.join_waiting(), ledger.close_acknowledged())
+        };
         for key in &joined {
             self.backend.report_bootstrap(key, BootstrapEvent::Joined);
         }
-        joined.len()
+        for key in &closed {
+            self.backend.report_bootstrap(key, BootstrapEvent::Closed);
+        }
+        joined.len() + closed.len()
+    }
+
+    fn close_sessions_late(&mut self) {
+        self.backend.lock().close_sessions_late();
     }
 
     fn take_observations(&mut self) -> Vec<Observation> {
@@ -760,6 +776,57 @@ mod tests {
         assert!(substrate.stream(0, StreamEvent::Converged).is_some());
         assert_eq!(substrate.fair_progress(), 1);
         assert_eq!(substrate.take_observations().len(), 2);
+    }
+
+    #[test]
+    fn sessions_that_close_late_are_acknowledged_first_and_closed_later() {
+        let mut substrate = FakeSubstrate::new();
+        substrate.close_sessions_late();
+        let backend = substrate.backend();
+        let report = |sequence| {
+            operation(
+                1,
+                sequence,
+                EffectRequest::BootstrapConvergenceObserved { session: None },
+            )
+        };
+        let open_joined = |substrate: &mut FakeSubstrate| {
+            let lease = lease_of(call(&backend, &create(1)));
+            let start = operation(
+                1,
+                2,
+                EffectRequest::StartBootstrap {
+                    lease,
+                    endpoint: EndpointName("e".into()),
+                },
+            );
+            call(&backend, &start);
+            substrate.fair_progress();
+            substrate.take_observations();
+        };
+        open_joined(&mut substrate);
+        let acknowledged = Some(Ok(EffectOutput::ConvergenceAcknowledged));
+        assert_eq!(call(&backend, &report(3)), acknowledged);
+        assert_eq!(substrate.live_resources().sessions.len(), 1, "still open");
+        assert!(substrate.take_observations().is_empty(), "no close yet");
+        // The fair tail's progress closes it (and does not join it again).
+        assert_eq!(substrate.fair_progress(), 1);
+        assert!(substrate.live_resources().sessions.is_empty());
+        let closed = substrate.take_observations();
+        assert!(matches!(
+            closed.as_slice(),
+            [Observation::Bootstrap {
+                event: BootstrapEvent::Closed,
+                ..
+            }]
+        ));
+        assert_eq!(substrate.fair_progress(), 0);
+        // A second convergence call closes an acknowledged session at once.
+        open_joined(&mut substrate);
+        assert_eq!(call(&backend, &report(3)), acknowledged);
+        assert_eq!(call(&backend, &report(4)), acknowledged);
+        assert!(substrate.live_resources().sessions.is_empty());
+        assert_eq!(substrate.take_observations().len(), 1);
     }
 
     #[test]

@@ -113,6 +113,22 @@ struct Session {
     /// do), but the provider reports nothing of it until the new controller
     /// re-attaches with an adopting start (see [`Ledger::controller_restarted`]).
     quiet: bool,
+    /// The convergence call was acknowledged, and the close is still to come
+    /// (only when sessions close late, [`Ledger::close_sessions_late`]).
+    acknowledged: bool,
+}
+
+/// What a convergence call (`BootstrapConvergenceObserved`,
+/// `complete_bootstrap`) did to the session of its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Completion {
+    /// The session ended now; `report` says whether its `Closed` event is to
+    /// be reported (not for a quiet session).
+    Closed { report: bool },
+    /// Acknowledged; the session closes later.
+    Acknowledged,
+    /// No session was live.
+    NoSession,
 }
 
 /// What is live per key `K`, who every handle was issued to, the faults
@@ -127,6 +143,8 @@ pub(crate) struct Ledger<K, M> {
     /// How many times the controller restarted: a call that started in an
     /// earlier epoch is a dead controller's call.
     epoch: u64,
+    /// Sessions close later than the convergence call.
+    late_close: bool,
     alarms: Vec<String>,
     /// Faults waiting for their calls.
     pub(crate) scripts: FaultQueue<M>,
@@ -143,6 +161,7 @@ impl<K, M: PartialEq> Default for Ledger<K, M> {
             session_owners: BTreeMap::new(),
             serial: 0,
             epoch: 0,
+            late_close: false,
             alarms: Vec::new(),
             scripts: FaultQueue::new(),
             counters: SubstrateCounters::default(),
@@ -238,11 +257,6 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
         }
     }
 
-    /// Whether `key` has a live session that reports to the controller.
-    pub(crate) fn session_streams(&self, key: &K) -> bool {
-        self.sessions.get(key).is_some_and(|s| !s.quiet)
-    }
-
     /// Adopts the live session of `key`, or starts one, for a call that
     /// started in controller epoch `epoch`. The caller checked that the
     /// key's lease is live.
@@ -256,6 +270,7 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
             if !dead_caller {
                 session.joined = false;
                 session.quiet = false;
+                session.acknowledged = false;
             }
             let session = session.handle.clone();
             self.counters.adoptions += 1;
@@ -272,6 +287,7 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
             handle: session.clone(),
             joined: false,
             quiet: dead_caller,
+            acknowledged: false,
         };
         self.sessions.insert(key.clone(), live);
         self.session_owners.insert(session.clone(), key.clone());
@@ -280,6 +296,45 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
             session,
             adopted: false,
         }
+    }
+
+    /// From now on a convergence call only acknowledges: the session stays
+    /// open until a later close ([`Ledger::close_acknowledged`], a `closed`
+    /// stream event, or a second convergence call), as a provider whose
+    /// agent hands off on its own time would.
+    pub(crate) fn close_sessions_late(&mut self) {
+        self.late_close = true;
+    }
+
+    /// The convergence call for `key`: ends the session, or, when sessions
+    /// close late, acknowledges it the first time.
+    pub(crate) fn complete_session(&mut self, key: &K) -> Completion {
+        let late = self.late_close;
+        let Some(session) = self.sessions.get_mut(key) else {
+            return Completion::NoSession;
+        };
+        if late && !session.acknowledged {
+            session.acknowledged = true;
+            return Completion::Acknowledged;
+        }
+        let report = !session.quiet;
+        self.sessions.remove(key);
+        Completion::Closed { report }
+    }
+
+    /// Closes every acknowledged session that streams to the controller
+    /// (the fair tail's progress). Returns their keys, in key order.
+    pub(crate) fn close_acknowledged(&mut self) -> Vec<K> {
+        let closing: Vec<K> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.acknowledged && !s.quiet)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &closing {
+            self.sessions.remove(key);
+        }
+        closing
     }
 
     /// Ends the session of `key`. Returns whether one was live.
@@ -344,7 +399,8 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
         had_lease || had_session
     }
 
-    /// Lets every live session whose agent has not joined yet join. Returns
+    /// Lets every live session whose agent has not joined yet join (and was
+    /// not acknowledged: it joined before its convergence call). Returns
     /// their keys, in key order. A quiet session's agent joins nobody the
     /// provider reports to: it waits for the new controller's re-attach.
     pub(crate) fn join_waiting(&mut self) -> Vec<K> {
@@ -352,7 +408,7 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
         for (key, session) in self
             .sessions
             .iter_mut()
-            .filter(|(_, s)| !s.joined && !s.quiet)
+            .filter(|(_, s)| !s.joined && !s.quiet && !s.acknowledged)
         {
             session.joined = true;
             joined.push(key.clone());

@@ -26,6 +26,10 @@ pub const TICK_SIZES_MS: [u64; 13] = [
 /// The default share of seeds (in a thousand) with untidy interleavings.
 pub const INTERLEAVE_PER_MILLE: u32 = 250;
 
+/// The default share of seeds (in a thousand) whose sessions close later
+/// than the convergence call ([`TraceHeader::late_close`]).
+pub const LATE_CLOSE_PER_MILLE: u32 = 250;
+
 /// The default share of seeds (in a thousand) that draw the executor-level
 /// inputs ([`Input::Resubmit`], [`Input::Confuse`]).
 pub const EXECUTOR_INPUTS_PER_MILLE: u32 = 250;
@@ -46,6 +50,9 @@ pub struct GeneratorConfig {
     /// How many seeds in a thousand run with untidy interleavings (a pass
     /// after every single delivery; [`TraceHeader::interleave`]).
     pub interleave_per_mille: u32,
+    /// How many seeds in a thousand have their sessions closed later than
+    /// the convergence call ([`TraceHeader::late_close`]).
+    pub late_close_per_mille: u32,
 }
 
 impl Default for GeneratorConfig {
@@ -56,6 +63,7 @@ impl Default for GeneratorConfig {
             edges_per_mille: 60,
             executor_inputs_per_mille: EXECUTOR_INPUTS_PER_MILLE,
             interleave_per_mille: INTERLEAVE_PER_MILLE,
+            late_close_per_mille: LATE_CLOSE_PER_MILLE,
         }
     }
 }
@@ -207,6 +215,7 @@ fn draw_header(seed: u64, config: &GeneratorConfig, rng: &mut SplitMix64) -> Tra
         attempt_limit: None,
         clock_start_ms: 0,
         interleave: false,
+        late_close: false,
     };
     if rng.chance(config.edges_per_mille) {
         if rng.chance(500) {
@@ -217,6 +226,8 @@ fn draw_header(seed: u64, config: &GeneratorConfig, rng: &mut SplitMix64) -> Tra
     }
     // From a fork, so the draws above stay as they were.
     header.interleave = rng.fork().chance(config.interleave_per_mille);
+    // From another fork, after the one above, so nothing above moves.
+    header.late_close = rng.fork().chance(config.late_close_per_mille);
     header
 }
 
@@ -352,6 +363,7 @@ mod tests {
             edges_per_mille: 0,
             executor_inputs_per_mille: 0,
             interleave_per_mille: 0,
+            late_close_per_mille: 0,
         };
         for seed in 0..50 {
             let trace = generate(seed, &config);

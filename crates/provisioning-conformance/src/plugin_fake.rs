@@ -24,7 +24,9 @@
 //!   sessions, and any a dead controller's call starts later, are quiet: they
 //!   report nothing until an adopting `start_bootstrap` of the new controller
 //!   re-attaches them, whose agent then joins (and is reported) again — as
-//!   the process plugin's re-attach and the re-joining ssh and Slurm agents.
+//!   the process plugin's re-attach and the re-joining ssh and Slurm agents;
+//! - with [`FakePlugin::close_sessions_late`], `complete_bootstrap` only
+//!   acknowledges, and the session closes later.
 //!
 //! # Faults
 //! [`FakePlugin::script`] queues a [`Fault`] for the next call of one method
@@ -59,7 +61,7 @@ use provisioning_provider::{
 
 use crate::contract::{ContractFaults, ContractSubject, PluginMethod};
 use crate::fake::SCRIPTED_PANIC_MESSAGE;
-use crate::fake_support::{HangGate, Ledger, endpoint_of, silence_scripted_panics};
+use crate::fake_support::{Completion, HangGate, Ledger, endpoint_of, silence_scripted_panics};
 use crate::harness::PROVIDER_KIND;
 use crate::substrate::{LiveResources, SubstrateCounters};
 use crate::trace::{Fault, StreamEvent};
@@ -291,15 +293,30 @@ impl FakePlugin {
     /// Lets every live session whose agent has not joined yet join, and
     /// reports the joins. Returns how many joined.
     pub fn fair_progress(&self) -> usize {
-        let joined = self.lock().join_waiting();
-        let count = joined.len();
+        let (joined, closed) = {
+            let mut ledger = self.lock();
+            (ledger.join_waiting(), ledger.close_acknowledged())
+        };
+        let count = joined.len() + closed.len();
         self.emit(
             joined
                 .into_iter()
                 .map(|key| Fact::Bootstrap(key, BootstrapEvent::Joined))
+                .chain(
+                    closed
+                        .into_iter()
+                        .map(|key| Fact::Bootstrap(key, BootstrapEvent::Closed)),
+                )
                 .collect(),
         );
         count
+    }
+
+    /// From now on `complete_bootstrap` only acknowledges; the session closes
+    /// later (a `closed` stream event, a second completion, or
+    /// [`FakePlugin::fair_progress`]), so passes run between the two.
+    pub fn close_sessions_late(&self) {
+        self.lock().close_sessions_late();
     }
 
     /// Destroys whatever is live for `key` (lease and session) without a
@@ -540,19 +557,22 @@ impl ProvisionPlugin for FakePlugin {
             PluginMethod::CompleteBootstrap,
             Some(key),
             |ledger, facts, _| {
-                let streams = ledger.session_streams(key);
-                if ledger.end_session(key) {
-                    // Told that the agent joined, the plugin finishes the
-                    // session (a quiet session's close reaches nobody).
-                    if streams {
-                        facts.push(Fact::Bootstrap(key.clone(), BootstrapEvent::Closed));
+                // Told that the agent joined, the plugin finishes the session:
+                // at once, or later when sessions close late. A quiet
+                // session's close reaches nobody.
+                match ledger.complete_session(key) {
+                    Completion::Closed { report } => {
+                        if report {
+                            facts.push(Fact::Bootstrap(key.clone(), BootstrapEvent::Closed));
+                        }
+                        Ok(())
                     }
-                    Ok(())
-                } else if ledger.live_lease(key).is_some() {
+                    Completion::Acknowledged => Ok(()),
                     // Already finished: completing again changes nothing.
-                    Ok(())
-                } else {
-                    Err(PluginError::not_found(format!("the node of {key} is gone")))
+                    Completion::NoSession if ledger.live_lease(key).is_some() => Ok(()),
+                    Completion::NoSession => {
+                        Err(PluginError::not_found(format!("the node of {key} is gone")))
+                    }
                 }
             },
         )

@@ -106,6 +106,10 @@ pub trait ScriptablePlugin: ProvisionPlugin {
     /// [`Substrate::controller_restarted`]. Default: nothing.
     fn controller_restarted(&self) {}
 
+    /// Sessions close later than the convergence call: see
+    /// [`Substrate::close_sessions_late`]. Default: nothing.
+    fn close_sessions_late(&self) {}
+
     /// Destroys everything live for `key` (an orphan). Returns whether
     /// anything was live. Default: cannot.
     fn destroy_orphan(&self, key: &AttemptKey) -> bool {
@@ -175,6 +179,10 @@ impl ScriptablePlugin for FakePlugin {
 
     fn controller_restarted(&self) {
         FakePlugin::controller_restarted(self);
+    }
+
+    fn close_sessions_late(&self) {
+        FakePlugin::close_sessions_late(self);
     }
 
     fn destroy_orphan(&self, key: &AttemptKey) -> bool {
@@ -449,6 +457,10 @@ impl<P: ScriptablePlugin> Substrate for PluginSubstrate<P> {
 
     fn controller_restarted(&mut self) {
         self.plugin.controller_restarted();
+    }
+
+    fn close_sessions_late(&mut self) {
+        self.plugin.close_sessions_late();
     }
 
     fn destroy_orphan(&mut self, (node, attempt): &ResourceKey) -> bool {

@@ -391,6 +391,15 @@ pub trait Substrate {
     /// nothing.
     fn controller_restarted(&mut self) {}
 
+    /// The trace asks for sessions that close later than the convergence
+    /// call ([`TraceHeader::late_close`](crate::trace::TraceHeader::late_close)),
+    /// called once before the run: the convergence call then only
+    /// acknowledges, and the session closes at a later `closed` stream
+    /// event, a second convergence call, or the fair tail's
+    /// [`Substrate::fair_progress`]. Default: nothing (sessions close as the
+    /// provider closes them).
+    fn close_sessions_late(&mut self) {}
+
     /// Destroys everything live for `key` — an orphan no node's current
     /// attempt owns — the way the host's orphan collection does (SPEC §13).
     /// Returns whether anything was live. Default: cannot (returns `false`).

@@ -602,6 +602,13 @@ pub struct TraceHeader {
     /// everything available first, so a pass can fall between any two
     /// deliveries. Text form: a header line `interleave`.
     pub interleave: bool,
+    /// Sessions close later than the convergence call: a provider that
+    /// acknowledges `BootstrapConvergenceObserved` keeps the session open,
+    /// and closes it (reporting `Closed`) only at a later `stream … closed`
+    /// input, a repeated convergence call, or the fair tail's progress. So
+    /// passes run between the acknowledgement and the close. Text form: a
+    /// header line `late-close`.
+    pub late_close: bool,
 }
 
 impl TraceHeader {
@@ -725,6 +732,9 @@ impl fmt::Display for Trace {
         }
         if header.interleave {
             writeln!(f, "interleave")?;
+        }
+        if header.late_close {
+            writeln!(f, "late-close")?;
         }
         for input in &self.inputs {
             writeln!(f, "{input}")?;
@@ -986,6 +996,7 @@ fn parse_header(
         "attempt-limit" => "attempt-limit",
         "clock-start" => "clock-start",
         "interleave" => "interleave",
+        "late-close" => "late-close",
         _ => return Ok(false),
     };
     if seen.contains(&key) {
@@ -1005,6 +1016,7 @@ fn parse_header(
             header.attempt_limit = Some(parse_u64(words.next("limit")?, "attempt limit")?);
         }
         "interleave" => header.interleave = true,
+        "late-close" => header.late_close = true,
         _ => header.clock_start_ms = parse_u64(words.next("clock start")?, "clock start")?,
     }
     Ok(true)
@@ -1128,6 +1140,7 @@ mod tests {
                 attempt_limit: Some(9),
                 clock_start_ms: u64::MAX - 5,
                 interleave: true,
+                late_close: true,
             },
             inputs: every_input_shape(),
         };

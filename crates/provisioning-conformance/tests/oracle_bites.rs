@@ -933,9 +933,31 @@ fn the_real_executor_deduplicates_every_resubmitted_operation() {
 fn a_convergence_report_sent_twice_is_caught_as_g15_under_untidy_interleavings() {
     // Only a pass between the report's answer and the session's close sees
     // the forgotten report: the interleaving seeds find it.
-    let failure = first_failure(broken_battery(Flaw::ForgetsConvergenceReport));
+    // Without late closes, so the interleaving alone must find it.
+    let config = provisioning_conformance::GeneratorConfig {
+        late_close_per_mille: 0,
+        ..provisioning_conformance::GeneratorConfig::default()
+    };
+    let failure = first_failure(broken_battery(Flaw::ForgetsConvergenceReport).generator(config));
     check_caught(&failure, &[GuaranteeId::SessionCoherence]);
     assert!(failure.shrunk.header.interleave, "{failure}");
+}
+
+#[test]
+fn a_convergence_report_sent_twice_is_caught_as_g15_when_sessions_close_late() {
+    // A provider that closes the session later than the convergence call
+    // lets passes run between the two, even with tidy interleavings.
+    let config = provisioning_conformance::GeneratorConfig {
+        interleave_per_mille: 0,
+        ..provisioning_conformance::GeneratorConfig::default()
+    };
+    let failure = first_failure(broken_battery(Flaw::ForgetsConvergenceReport).generator(config));
+    check_caught(&failure, &[GuaranteeId::SessionCoherence]);
+    assert!(
+        failure.shrunk.header.late_close && !failure.shrunk.header.interleave,
+        "{failure}"
+    );
+    assert!(failure.shrunk.inputs.len() <= SHORT_TRACE, "{failure}");
 }
 
 /// The driver flaws above, put under the exhaustive explorer (G31) instead

@@ -27,7 +27,7 @@ impl<S: Substrate> Harness<S> {
     /// for a run of `model` under `header`. Submits nothing yet.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
-        substrate: S,
+        mut substrate: S,
         factory: &DriverFactory,
         journal: Box<dyn KitJournal>,
         recovery: Rc<RecoveryFactory>,
@@ -53,6 +53,9 @@ impl<S: Substrate> Harness<S> {
         driver.track_changes();
         let now = Timestamp::from_millis(header.clock_start_ms);
         let durable = DurableSide::new(now, &options.host);
+        if header.late_close {
+            substrate.close_sessions_late();
+        }
         let executor = Harness::controller_executor(&substrate, &durable.control);
         let strict_calls = substrate.capabilities().deterministic;
         let mut vacuity = Vacuity::default();

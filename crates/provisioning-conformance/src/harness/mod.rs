@@ -500,6 +500,7 @@ mod tests {
             edges_per_mille: 0,
             executor_inputs_per_mille: 0,
             interleave_per_mille: 0,
+            late_close_per_mille: 0,
         };
         let limits = [Some(0), Some(1), Some(2), None];
         let clocks = [0, u64::MAX, u64::MAX - 1, u64::MAX - 30_000];
