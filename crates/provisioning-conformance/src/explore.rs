@@ -7,7 +7,8 @@
 //! input sequence from a fresh stepper; breadth-first order makes the first
 //! violating sequence found a shortest one. States are deduplicated by a
 //! hash of the observed state, the desired shape, the clock, the backend's
-//! live resources and its queued work.
+//! ledger (live resources, queued work, waiting scripted replies) and the
+//! host's and executor's ledger ([`fingerprint`]).
 //!
 //! At every new state the oracle's safety checks have already run (each
 //! [`Stepper::step`] runs them); liveness is checked by replaying the state
@@ -23,13 +24,14 @@ use crate::driver_under_test::DriverUnderTest;
 use crate::guarantee::{GuaranteeId, Violation};
 use crate::harness::{DriverFactory, DriverSetup, HostOptions, Mode, Stepper};
 use crate::journal::RecoveryFactory;
-use crate::substrate::Substrate;
+use crate::substrate::{MAX_SCRIPTED_FAULTS, Substrate};
 use crate::trace::{
-    DriftField, Fault, FaultTarget, Group, Input, ShapeChange, StreamEvent, Trace, WorkStep,
+    DriftField, Fault, FaultTarget, Group, Input, LimitChange, ShapeChange, StreamEvent, Trace,
+    WorkStep,
 };
-use provisioning::DriverError;
 use provisioning::observe::LossCause;
 use provisioning::state::BootstrapFailure;
+use provisioning::{DriverError, EffectKind, OperationId};
 
 /// How an exploration is bounded and what it checks.
 #[derive(Clone, Debug)]
@@ -45,6 +47,13 @@ pub struct ExploreConfig {
     /// Whether states equal up to a renaming of ids merge (see
     /// [`normalise_ids`]); off only to measure what the renaming saves.
     pub normalise_ids: bool,
+    /// Whether the alphabet has the executor-level inputs (`resubmit`,
+    /// `confuse`) and a breaker limit; off only to compare with the
+    /// smaller alphabet.
+    pub executor_inputs: bool,
+    /// Whether the liveness check also runs the fair tail completing work
+    /// newest-first (as the battery's G20 run does), doubling its cost.
+    pub lifo_tail: bool,
 }
 
 impl ExploreConfig {
@@ -56,6 +65,8 @@ impl ExploreConfig {
             liveness: true,
             max_states: 1_000_000,
             normalise_ids: true,
+            executor_inputs: true,
+            lifo_tail: false,
         }
     }
 }
@@ -112,6 +123,10 @@ pub struct ExploreReport {
     pub depth_reached: usize,
     /// Whether the state bound stopped the search early.
     pub truncated: bool,
+    /// Distinct states whose scripted replies the explorer could not mirror
+    /// (their fingerprint then holds their whole input sequence, so they
+    /// merge with nothing); zero over the kit's in-memory backend.
+    pub unmirrored: usize,
     /// The first (shortest) violation, if any.
     pub counterexample: Option<Counterexample>,
 }
@@ -196,9 +211,10 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
         self
     }
 
-    fn stepper(&self) -> Result<Stepper<S>, Violation> {
+    fn stepper(&self, tail: WorkStep) -> Result<Stepper<S>, Violation> {
         let mut builder = Stepper::builder((self.factory)())
             .mode(Mode::Adversarial)
+            .tail_order(tail)
             .host(self.host);
         if let Some(recovery) = &self.recovery {
             builder = builder.shared_recovery(Rc::clone(recovery));
@@ -220,22 +236,28 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
         }
     }
 
-    /// Replays `inputs` on a fresh stepper. Also says whether a crash is
-    /// still armed: a [`Input::Crash`] fires at the next wake that hands out
-    /// operations, so until a later step starts a backend call it is part
-    /// of the state.
-    fn replay(&self, inputs: &[Input]) -> Result<(Stepper<S>, bool), Violation> {
-        let mut stepper = self.stepper()?;
-        let mut armed = false;
+    /// Replays `inputs` on a fresh stepper, mirroring the backend's scripted
+    /// replies on the way (see [`BackendMirror`]).
+    fn replay(&self, inputs: &[Input]) -> Result<(Stepper<S>, BackendMirror), Violation> {
+        self.replay_with(inputs, WorkStep::Fifo)
+    }
+
+    fn replay_with(
+        &self,
+        inputs: &[Input],
+        tail: WorkStep,
+    ) -> Result<(Stepper<S>, BackendMirror), Violation> {
+        let mut stepper = self.stepper(tail)?;
+        let mut mirror = BackendMirror::default();
         for input in inputs {
+            mirror.before(input);
             let report = stepper.step(input)?;
-            if *input == Input::Crash {
-                armed = true;
-            } else if !report.calls.is_empty() {
-                armed = false;
+            for call in &report.calls {
+                mirror.call(call.op, call.kind);
             }
+            mirror.check(&stepper);
         }
-        Ok((stepper, armed))
+        Ok((stepper, mirror))
     }
 
     /// Explores breadth-first as `config` says.
@@ -256,16 +278,17 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
             }
         };
         let mut seen = BTreeSet::new();
-        seen.insert(fingerprint(&root.0, root.1, config.normalise_ids));
+        seen.insert(fingerprint(&root.0, &root.1, &prefix, config.normalise_ids));
+        report.unmirrored += usize::from(root.1.lost);
         report.distinct_states = 1;
         if config.liveness
-            && let Some(violation) = self.liveness(&prefix)
+            && let Some(violation) = self.liveness(&prefix, config)
         {
             report.counterexample = Some(fail(violation, true, &prefix));
             return report;
         }
         let mut frontier: VecDeque<(Vec<Input>, Vec<Input>)> = VecDeque::new();
-        frontier.push_back((prefix.clone(), alphabet(&root.0, config.nodes)));
+        frontier.push_back((prefix.clone(), alphabet(&root.0, config)));
         drop(root);
         for level in 0..config.depth {
             let mut next = VecDeque::new();
@@ -281,14 +304,20 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
                             return report;
                         }
                     };
-                    if !seen.insert(fingerprint(&stepper.0, stepper.1, config.normalise_ids)) {
+                    if !seen.insert(fingerprint(
+                        &stepper.0,
+                        &stepper.1,
+                        &path,
+                        config.normalise_ids,
+                    )) {
                         continue;
                     }
                     report.distinct_states += 1;
-                    let choices = alphabet(&stepper.0, config.nodes);
+                    report.unmirrored += usize::from(stepper.1.lost);
+                    let choices = alphabet(&stepper.0, config);
                     drop(stepper);
                     if config.liveness
-                        && let Some(violation) = self.liveness(&path)
+                        && let Some(violation) = self.liveness(&path, config)
                     {
                         report.counterexample = Some(fail(violation, true, &path));
                         return report;
@@ -310,15 +339,33 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
         report
     }
 
-    /// Replays `inputs` and runs the fair tail: `Some` when it does not
-    /// converge (and no exhaustion edge excuses it) or breaks a guarantee.
-    fn liveness(&self, inputs: &[Input]) -> Option<Violation> {
-        let mut stepper = match self.replay(inputs) {
+    /// Replays `inputs` and runs the fair tail (also newest-first with
+    /// [`ExploreConfig::lifo_tail`]): `Some` when it does not converge (and
+    /// no exhaustion edge excuses it) or breaks a guarantee.
+    fn liveness(&self, inputs: &[Input], config: &ExploreConfig) -> Option<Violation> {
+        let orders: &[WorkStep] = if config.lifo_tail {
+            &[WorkStep::Fifo, WorkStep::Lifo]
+        } else {
+            &[WorkStep::Fifo]
+        };
+        orders
+            .iter()
+            .find_map(|order| self.tail_violation(inputs, *order))
+    }
+
+    fn tail_violation(&self, inputs: &[Input], order: WorkStep) -> Option<Violation> {
+        let mut stepper = match self.replay_with(inputs, order) {
             Ok((stepper, _)) => stepper,
             Err(violation) => return Some(violation),
         };
         let tail = stepper.run_fair_tail();
-        if let Some(violation) = tail.violation {
+        if let Some(mut violation) = tail.violation {
+            if order == WorkStep::Lifo {
+                violation.detail = format!(
+                    "with the fair tail completing work newest-first: {}",
+                    violation.detail
+                );
+            }
             return Some(violation);
         }
         if !tail.converged && !tail.edges_reached {
@@ -332,13 +379,29 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
     }
 }
 
+/// How many of the most recent deliveries and submissions the alphabet's
+/// `redeliver` and `resubmit` inputs reach (`back` 0 and 1).
+const BACK: u32 = 2;
+
+/// The breaker the alphabet's `limit` input sets on group `a`: open after
+/// one failure, for five seconds (a clock jump reaches its end).
+pub const EXPLORED_BREAKER: LimitChange = LimitChange::Breaker {
+    group: Group::A,
+    failures: 1,
+    cooldown_ms: 5_000,
+};
+
 /// The inputs worth trying from `stepper`'s state: every reply kind for the
 /// next backend call, delivering one queued task, a join, a convergence
 /// report or a failed boot check of the first live session, a clock
 /// jump to the next stored deadline, one shape change (up, down, drift,
-/// empty), a duplicated or late
-/// delivery, a node loss, a hang release and a controller crash.
-pub fn alphabet<S: Substrate>(stepper: &Stepper<S>, nodes: u32) -> Vec<Input> {
+/// empty), a duplicated or late delivery (`redeliver` of the two most
+/// recent), a node loss, a hang release and a controller crash — and, with
+/// [`ExploreConfig::executor_inputs`], a resubmission of one of the two
+/// most recent operations, another method's output for the next call, and
+/// a breaker on the group ([`EXPLORED_BREAKER`]).
+pub fn alphabet<S: Substrate>(stepper: &Stepper<S>, config: &ExploreConfig) -> Vec<Input> {
+    let nodes = config.nodes;
     let mut out = Vec::new();
     for fault in [
         Fault::Succeed,
@@ -394,32 +457,140 @@ pub fn alphabet<S: Substrate>(stepper: &Stepper<S>, nodes: u32) -> Vec<Input> {
         group: Group::A,
         field: DriftField::Image,
     }));
-    out.push(Input::Redeliver { back: 0 });
-    out.push(Input::Redeliver { back: 1 });
+    for back in 0..BACK {
+        out.push(Input::Redeliver { back });
+    }
     out.push(Input::Release);
     out.push(Input::Lose {
         ready: 0,
         cause: LossCause::AgentGone,
     });
     out.push(Input::Crash);
+    if config.executor_inputs {
+        for back in 0..BACK {
+            out.push(Input::Resubmit { back });
+        }
+        out.push(Input::Confuse {
+            target: FaultTarget::Any,
+        });
+        out.push(Input::Limit(EXPLORED_BREAKER));
+    }
     out
 }
 
+/// The explorer's copy of what the backend was told but does not show in
+/// its ledger: the scripted replies and wrong answers still waiting, in
+/// order, and the calls hung now. A substrate describes these only by
+/// count, and states that differ only in *which* reply waits must not
+/// merge (a `script definite` and a `script hang` before the first call
+/// would). The copy follows the kit's rules ([`crate::substrate::FaultQueue`]
+/// and the fake backend's): a call takes the oldest wrong answer for its
+/// kind or for any call first, else the oldest applicable scripted reply
+/// for its kind, else for any call; a hang parks the call until a
+/// `release` lets the oldest go. It checks itself against the substrate's
+/// counters after every step and, where they disagree, says it is `lost`.
+#[derive(Clone, Debug, Default)]
+pub struct BackendMirror {
+    scripts: Vec<(Option<EffectKind>, Fault)>,
+    wrong: Vec<Option<EffectKind>>,
+    hung: VecDeque<OperationId>,
+    /// Scripted replies the mirror saw taken.
+    applied: u64,
+    /// Hangs the mirror saw taken.
+    hangs: u64,
+    /// The counters disagreed with the mirror at some step.
+    pub lost: bool,
+}
+
+impl BackendMirror {
+    /// Records what `input` tells the backend, before it is applied.
+    fn before(&mut self, input: &Input) {
+        match *input {
+            Input::Script { target, fault } => {
+                let kind = target.kind();
+                if kind.is_none_or(|kind| fault.applies_to(kind))
+                    && self.scripts.len() < MAX_SCRIPTED_FAULTS
+                {
+                    self.scripts.push((kind, fault));
+                }
+            }
+            Input::Confuse { target } => {
+                if self.wrong.len() < MAX_SCRIPTED_FAULTS {
+                    self.wrong.push(target.kind());
+                } else {
+                    // The fake's own cap is not visible here.
+                    self.lost = true;
+                }
+            }
+            Input::Release => {
+                self.hung.pop_front();
+            }
+            _ => {}
+        }
+    }
+
+    /// A backend call of `kind` started.
+    fn call(&mut self, op: OperationId, kind: EffectKind) {
+        let oldest = |targets: &[Option<EffectKind>]| {
+            (targets.iter().position(|t| *t == Some(kind)))
+                .or_else(|| targets.iter().position(Option::is_none))
+        };
+        if let Some(index) = oldest(&self.wrong) {
+            self.wrong.remove(index);
+            return;
+        }
+        let scripted = (self.scripts.iter())
+            .position(|(t, f)| *t == Some(kind) && f.applies_to(kind))
+            .or_else(|| (self.scripts.iter()).position(|(t, f)| t.is_none() && f.applies_to(kind)));
+        if let Some(index) = scripted {
+            let (_, fault) = self.scripts.remove(index);
+            self.applied += 1;
+            if fault == Fault::Hang {
+                self.hangs += 1;
+                self.hung.push_back(op);
+            }
+        }
+    }
+
+    fn check<S: Substrate>(&mut self, stepper: &Stepper<S>) {
+        let counters = stepper.substrate_counters();
+        if counters.faults_applied != self.applied || counters.hangs != self.hangs {
+            self.lost = true;
+        }
+    }
+}
+
 /// A hash of what makes two states equivalent: observed state, desired
-/// shape, clock and requeue, live resources, queued backend work, and
-/// whether a controller crash is armed — with ids normalised
-/// ([`normalise_ids`]), so that states equal up to a renaming of attempt
-/// ids, operation sequences and handle serials merge.
-pub fn fingerprint<S: Substrate>(stepper: &Stepper<S>, crash_armed: bool, normalise: bool) -> u64 {
-    let text = format!(
-        "{crash_armed}|{:?}|{:?}|{}|{:?}|{:?}|{}",
+/// shape, clock and requeue, the backend's ledger (live resources, queued
+/// work, and the waiting replies and hung calls of the [`BackendMirror`]),
+/// and the host's and executor's ledger ([`Stepper::host_ledger`]: the
+/// executor's entries and untaken results, limits, an armed crash, orphan
+/// suspects, what `resubmit` and `redeliver` can pick) — with ids
+/// normalised ([`normalise_ids`]), so that states equal up to a renaming of
+/// attempt ids, operation sequences and handle serials merge. A state whose
+/// mirror is lost hashes its whole input sequence too.
+pub fn fingerprint<S: Substrate>(
+    stepper: &Stepper<S>,
+    mirror: &BackendMirror,
+    inputs: &[Input],
+    normalise: bool,
+) -> u64 {
+    let mut text = format!(
+        "{:?}|{:?}|{}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{}",
         stepper.state(),
         stepper.desired_shape(),
         stepper.now().as_millis(),
         stepper.requeue_at(),
         stepper.live_resources(),
         stepper.substrate().describe_work(),
+        mirror.scripts,
+        mirror.wrong,
+        mirror.hung,
+        stepper.host_ledger(BACK as usize),
     );
+    if mirror.lost {
+        text.push_str(&format!("|{inputs:?}"));
+    }
     let mut hasher = DefaultHasher::new();
     if normalise {
         normalise_ids(&text).hash(&mut hasher);

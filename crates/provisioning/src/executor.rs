@@ -92,6 +92,28 @@ pub struct ExecutorCounters {
     pub waited: u64,
 }
 
+/// One attempt's entry in the executor's ledger, as
+/// [`IdempotentEffectExecutor::ledger`] shows it (for model checkers: two
+/// executors with equal entries and equal untaken results answer every
+/// submission alike).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerEntry {
+    /// The attempt.
+    pub attempt: NodeAttemptId,
+    /// The attempt's latest submitted sequence (older ids are stale).
+    pub highest: Option<OperationSequence>,
+    /// The running operation, and whether its late result will be dropped.
+    pub running: Option<(OperationId, bool)>,
+    /// The operation waiting behind the running one.
+    pub waiting: Option<OperationId>,
+    /// The latest completed operation and the result a resubmission replays.
+    pub completed: Option<(OperationId, Result<EffectOutput, EffectError>)>,
+    /// The latest expired operation.
+    pub expired: Option<OperationId>,
+    /// Retired while an operation still ran.
+    pub retired: bool,
+}
+
 /// What identifies an operation's input, kept instead of a copy of it: a
 /// hash of everything but the template, and the shared template itself
 /// (compared by pointer first, by content when the pointers differ).
@@ -284,6 +306,29 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
             ids.extend(attempt.waiting.as_ref().map(|w| w.id));
         }
         ids
+    }
+
+    /// The ledger: every attempt's entry, in attempt order, and the results
+    /// reported but not yet taken, oldest first.
+    pub fn ledger(&self) -> (Vec<LedgerEntry>, Vec<ExecutorResult>) {
+        let ledger = self.shared.lock();
+        let entries = ledger
+            .attempts
+            .iter()
+            .map(|(attempt, entry)| LedgerEntry {
+                attempt: *attempt,
+                highest: entry.highest,
+                running: entry.running.as_ref().map(|r| (r.print.id, r.expired)),
+                waiting: entry.waiting.as_ref().map(|w| w.id),
+                completed: entry
+                    .completed
+                    .as_ref()
+                    .map(|c| (c.print.id, c.outcome.clone())),
+                expired: entry.expired.as_ref().map(|e| e.id),
+                retired: entry.retired,
+            })
+            .collect();
+        (entries, ledger.outbox.iter().cloned().collect())
     }
 
     /// Submits an operation.

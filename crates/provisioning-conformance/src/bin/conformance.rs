@@ -6,8 +6,10 @@
 //! conformance bench [N]       N traces (N/2 seeds x 2 modes, default 512); prints
 //!                             traces per second and the wall time
 //! conformance replay FILE     replays a regression file
-//! conformance explore N D     explores every interleaving for N (1 or 2) nodes to
-//!                             depth D (G31); prints states and states/s
+//! conformance explore N D [small]
+//!                             explores every interleaving for N (1 or 2) nodes to
+//!                             depth D (G31); prints states and states/s; `small`
+//!                             leaves out the executor-level and limit inputs
 //! ```
 //!
 //! Build it in release mode for the benchmark:
@@ -35,7 +37,9 @@ fn say(text: impl std::fmt::Display) {
 }
 
 fn usage(problem: &str) -> ExitCode {
-    eprintln!("{problem}\nusage: conformance [bench [TRACES] | replay FILE | explore NODES DEPTH]");
+    eprintln!(
+        "{problem}\nusage: conformance [bench [TRACES] | replay FILE | explore NODES DEPTH [small]]"
+    );
     ExitCode::from(2)
 }
 
@@ -103,12 +107,16 @@ fn replay(path: &str) -> ExitCode {
     verdict(&report)
 }
 
-fn explore(nodes: &str, depth: &str) -> ExitCode {
+fn explore(nodes: &str, depth: &str, small: bool) -> ExitCode {
     let (Ok(nodes @ 1..=2), Ok(depth)) = (nodes.parse::<u32>(), depth.parse::<usize>()) else {
         return usage("explore wants NODES (1 or 2) and DEPTH");
     };
+    let config = ExploreConfig {
+        executor_inputs: !small,
+        ..ExploreConfig::new(nodes, depth)
+    };
     let started = Instant::now();
-    let report = Explorer::new(FakeSubstrate::new).run(&ExploreConfig::new(nodes, depth));
+    let report = Explorer::new(FakeSubstrate::new).run(&config);
     let wall = started.elapsed().as_secs_f64();
     say(format_args!(
         "explore {nodes} node(s) depth {depth}: {report}{:.3} s wall, {:.0} transitions/s, {:.0} distinct states/s",
@@ -141,7 +149,8 @@ fn main() -> ExitCode {
             _ => usage(&format!("not a trace count: {count}")),
         },
         ["replay", path] => replay(path),
-        ["explore", nodes, depth] => explore(nodes, depth),
+        ["explore", nodes, depth] => explore(nodes, depth, false),
+        ["explore", nodes, depth, "small"] => explore(nodes, depth, true),
         _ => usage("unknown arguments"),
     }
 }

@@ -501,6 +501,35 @@ impl<S: Substrate> Stepper<S> {
         self.harness.executor.counters()
     }
 
+    /// What the host holds besides the driver, in `Debug` text, for the
+    /// explorer's state fingerprint (G31): the executor's ledger and untaken
+    /// results, the operator limits, whether a crash is armed, the host's
+    /// orphan suspects and next scan, the oracle's orphan sample, the
+    /// operations [`Input::Resubmit`] can pick (newest first) and the
+    /// `deliveries` most recent deliveries [`Input::Redeliver`] repeats.
+    pub fn host_ledger(&self, deliveries: usize) -> String {
+        let h = &self.harness;
+        let watch = &h.executor_watch;
+        let resubmittable: Vec<_> = (watch.recent.iter().rev())
+            .filter(|op| !watch.retired.contains(&op.attempt()))
+            .map(|op| (op.id, &op.request))
+            .collect();
+        let recent: Vec<_> = h.history.iter().rev().take(deliveries).collect();
+        let d = &h.durable;
+        format!(
+            "{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            h.executor.ledger(),
+            h.limits,
+            d.crash_armed,
+            d.recovered_ambiguous,
+            d.suspects,
+            d.next_scan_at,
+            d.observed_orphans,
+            resubmittable,
+            recent
+        )
+    }
+
     /// The resources the substrate's ledger says are live now.
     pub fn live_resources(&self) -> LiveResources {
         self.harness.substrate.live_resources()
