@@ -148,6 +148,13 @@ impl fmt::Display for ExploreReport {
             self.depth_reached,
             if self.truncated { " (truncated)" } else { "" }
         )?;
+        if self.unmirrored > 0 {
+            writeln!(
+                f,
+                "{} states with scripted replies not mirrored (not merged)",
+                self.unmirrored
+            )?;
+        }
         if let Some(counterexample) = &self.counterexample {
             write!(f, "{counterexample}")?;
         }

@@ -508,23 +508,23 @@ impl<S: Substrate> Stepper<S> {
     /// operations [`Input::Resubmit`] can pick (newest first) and the
     /// `deliveries` most recent deliveries [`Input::Redeliver`] repeats.
     pub fn host_ledger(&self, deliveries: usize) -> String {
-        let h = &self.harness;
-        let watch = &h.executor_watch;
+        let harness = &self.harness;
+        let watch = &harness.executor_watch;
         let resubmittable: Vec<_> = (watch.recent.iter().rev())
             .filter(|op| !watch.retired.contains(&op.attempt()))
             .map(|op| (op.id, &op.request))
             .collect();
-        let recent: Vec<_> = h.history.iter().rev().take(deliveries).collect();
-        let d = &h.durable;
+        let recent: Vec<_> = harness.history.iter().rev().take(deliveries).collect();
+        let durable = &harness.durable;
         format!(
             "{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
-            h.executor.ledger(),
-            h.limits,
-            d.crash_armed,
-            d.recovered_ambiguous,
-            d.suspects,
-            d.next_scan_at,
-            d.observed_orphans,
+            harness.executor.ledger(),
+            harness.limits,
+            durable.crash_armed,
+            durable.recovered_ambiguous,
+            durable.suspects,
+            durable.next_scan_at,
+            durable.observed_orphans,
             resubmittable,
             recent
         )
