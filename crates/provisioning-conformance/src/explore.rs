@@ -677,6 +677,38 @@ pub fn normalise_ids(text: &str) -> String {
 mod tests {
     use super::*;
 
+    fn script(fault: Fault) -> Input {
+        Input::Script {
+            target: FaultTarget::Any,
+            fault,
+        }
+    }
+
+    #[test]
+    fn the_mirror_takes_replies_as_the_kit_does() {
+        use provisioning::NodeAttemptId;
+        use provisioning::id::OperationSequence;
+        let op = |n| OperationId::new(NodeAttemptId::from_raw(n), OperationSequence::FIRST);
+        let mut mirror = BackendMirror::default();
+        for fault in [Fault::NotReady, Fault::Hang, Fault::Definite] {
+            mirror.before(&script(fault));
+        }
+        mirror.before(&Input::Confuse {
+            target: FaultTarget::Any,
+        });
+        // A wrong answer goes first and takes no scripted reply.
+        mirror.call(op(1), EffectKind::CreateLease);
+        assert_eq!(mirror.scripts.len(), 3);
+        // "Not ready" applies to lookups only: a create skips it.
+        mirror.call(op(2), EffectKind::CreateLease);
+        assert_eq!(mirror.hung, [op(2)]);
+        mirror.call(op(3), EffectKind::LookupEndpoint);
+        assert_eq!(mirror.scripts, [(None, Fault::Definite)]);
+        mirror.before(&Input::Release);
+        assert!(mirror.hung.is_empty());
+        assert_eq!((mirror.applied, mirror.hangs, mirror.lost), (2, 1, false));
+    }
+
     #[test]
     fn renamed_ids_normalise_alike_and_different_structure_does_not() {
         let one = "AttemptAllocator { next: 5, limit: 9 } a: NodeAttemptId(3) \
