@@ -491,6 +491,18 @@ impl Testbed {
         self.slurmds[index - 1].kill();
     }
 
+    /// Starts the `slurmd` of node `index` (1-based) again after
+    /// [`Testbed::kill_slurmd`]; the node returns to service once it
+    /// registers (`ReturnToService=2`). A running one is left alone.
+    pub fn restart_slurmd(&mut self, index: usize) {
+        if self.slurmds[index - 1].child.is_some() {
+            return;
+        }
+        let name = format!("n{index}");
+        let child = self.spawn_daemon("slurmd", &["-D", "-N", &name, "-f"], true);
+        self.slurmds[index - 1].child = Some(child);
+    }
+
     /// Stops the controller (SIGTERM; it saves its state).
     pub fn stop_controller(&mut self) {
         self.controller.stop();
