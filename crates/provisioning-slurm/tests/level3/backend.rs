@@ -6,7 +6,7 @@
 //! | `definite` | create | every other one asks for more memory than any node has: the controller refuses the request no node can satisfy; the others meet a closed controller port (see `cli`) |
 //! | `definite` | lookup | the first of a run stops `slurmctld` (SIGTERM), makes the call, and starts it again from its saved state (then waits until every node answers it again): a real outage; later ones meet a closed port |
 //! | `definite` | other | a closed controller port (see `cli`) |
-//! | `ambiguous-undone`, `ambiguous-done`, `hang` | any | on the call's first or acting Slurm command (see `cli`) |
+//! | `ambiguous-undone`, `ambiguous-done`, `hang` | any | on the call's first or acting Slurm command (see `cli`); a held create runs in a task of its own, which outlives a controller crash |
 //! | `not-ready` | lookup | the lookup is made at once, while the job is still pending; a job already running is suspended (`scontrol suspend`) for the lookup and resumed after |
 //! | `panic` | — | refused: no event of a cluster |
 //!
