@@ -69,6 +69,9 @@ const GENERATOR: GeneratorConfig = GeneratorConfig {
     edges_per_mille: 60,
     executor_inputs_per_mille: 0,
     interleave_per_mille: 250,
+    // The real plugin closes a session when Slurm reports the step's end; a
+    // late close is the in-memory fakes' input.
+    late_close_per_mille: 0,
 };
 
 /// Vacuity counts this battery does not require, and why.
