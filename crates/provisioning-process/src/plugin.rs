@@ -262,6 +262,33 @@ impl ProcessPlugin {
         &self.shared.run_id
     }
 
+    /// The controller this plugin reports to was replaced in-process by one
+    /// recovered from its journal, while the plugin and its agents live on.
+    /// Every live session goes quiet, exactly as if a restarted plugin had
+    /// adopted its agent from `/proc`: nothing of it is reported until the
+    /// new controller's adopting `start_bootstrap` re-attaches it, and what
+    /// it did meanwhile (waiting for its join, joined) is reported then.
+    /// Returns how many sessions went quiet.
+    pub fn controller_replaced(&self) -> usize {
+        let mut table = self.shared.table();
+        let mut quieted = 0;
+        for entry in table.values_mut() {
+            if let Some(session) = entry.session.as_mut()
+                && !session.state.is_over()
+            {
+                session.quiet = true;
+                quieted += 1;
+            }
+        }
+        drop(table);
+        tracing::info!(
+            run = %self.shared.run_id,
+            sessions = quieted,
+            "controller replaced; live sessions wait for its adopting starts"
+        );
+        quieted
+    }
+
     /// Terminates every node process group the plugin started and stops the
     /// swarm listener. Idempotent; later creates fail.
     ///

@@ -61,7 +61,7 @@ const SCALE_DOWN_TRACE: &str = "run fifo; run fifo; run fifo; stream @0 joined; 
 
 /// Written traces that reach each operating-system fault on purpose; the
 /// generated seeds then mix them at random.
-const WRITTEN_TRACES: [&str; 6] = [
+const WRITTEN_TRACES: [&str; 7] = [
     // A start hangs on a stopped agent past its deadline; the node is then
     // scaled away, so the start is re-issued before any cleanup: it waits
     // behind the hung call and adopts the session once SIGCONT lets the
@@ -97,6 +97,12 @@ const WRITTEN_TRACES: [&str; 6] = [
     "script create-lease hang; run one 0; crash; tick 1000ms; run fifo; desire scale a 0; \
      run fifo; tick 1000ms; script create-lease definite; run fifo; run fifo; release; run fifo; \
      tick 60000ms; run fifo; tick 60000ms; run fifo",
+    // The controller crashes while starts are answered but not yet folded;
+    // an agent joins right after. Its session is quiet for the recovered
+    // controller until the re-issued start adopts it, and the join is
+    // reported then (before, the join reached the new controller first,
+    // the start was never re-issued and the node never became ready: G21).
+    "run fifo; run fifo; run fifo; crash; stream @0 joined",
 ];
 
 /// Kills every process of every run of `context` when dropped, so that a

@@ -494,6 +494,13 @@ impl Substrate for ProcessSubstrate {
         true
     }
 
+    /// The plugin lives on across the crash, as its agents do; its live
+    /// sessions go quiet until the recovered controller's adopting starts
+    /// re-attach them, as a restarted plugin's adopted agents would.
+    fn controller_restarted(&mut self) {
+        self.plugin.controller_replaced();
+    }
+
     /// Destroys an orphan the way the durable host does: the plugin lists
     /// the run, and the listed lease of `key` is destroyed through the real
     /// `destroy_node`. Whether anything was live comes from `/proc`.
