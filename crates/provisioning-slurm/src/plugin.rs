@@ -85,6 +85,12 @@ struct Session {
     rank: u8,
     /// Whether the agent joined (or the session ended otherwise).
     settled: bool,
+    /// Whether the agent's join was seen by this instance's swarm listener.
+    joined: bool,
+    /// Held for a controller that replaced the one this session reported
+    /// to ([`SlurmPlugin::controller_replaced`]): nothing of its progress or
+    /// join is reported until that controller's adopting start.
+    quiet: bool,
 }
 
 fn stage_rank(stage: BootstrapProgress) -> u8 {
@@ -110,6 +116,10 @@ struct Shared {
     /// Keys a submission was sent for: a job of theirs may exist.
     sent: Mutex<BTreeSet<AttemptKey>>,
     sessions: Mutex<BTreeMap<AttemptKey, Session>>,
+    /// Agents of an earlier controller that re-joined this instance's swarm
+    /// before a start adopted their step: the adopting start reports the
+    /// join.
+    rejoined: Mutex<BTreeSet<AttemptKey>>,
     serial: Mutex<u64>,
     /// The last job listing and when it was taken: endpoint lookups of many
     /// nodes share one `squeue` per [`LISTING_MAX_AGE`].
@@ -134,7 +144,12 @@ impl Shared {
         let report = {
             let mut sessions = lock(&self.sessions);
             match sessions.get_mut(key) {
-                Some(s) if s.serial == serial && !s.settled && stage_rank(stage) > s.rank => {
+                Some(s)
+                    if s.serial == serial
+                        && !s.settled
+                        && !s.quiet
+                        && stage_rank(stage) > s.rank =>
+                {
                     s.rank = stage_rank(stage);
                     true
                 }
@@ -164,36 +179,57 @@ impl Shared {
         }
     }
 
+    /// The agent of `key` joined this instance's swarm (`again`: an agent
+    /// that had joined before, of this controller or an earlier one). Its
+    /// join is reported once per session, and not while the session is
+    /// quiet; a re-join before any start adopted the step waits for it.
+    fn joined(&self, key: &AttemptKey, again: bool) {
+        let report = {
+            let mut sessions = lock(&self.sessions);
+            match sessions.get_mut(key) {
+                Some(s) if s.joined => None,
+                Some(s) => {
+                    s.joined = true;
+                    s.settled = true;
+                    if s.quiet {
+                        None
+                    } else {
+                        let missing = s.rank < stage_rank(BootstrapProgress::WaitingForJoin);
+                        s.rank = stage_rank(BootstrapProgress::WaitingForJoin);
+                        Some(missing)
+                    }
+                }
+                None => {
+                    if again {
+                        lock(&self.rejoined).insert(key.clone());
+                    }
+                    None
+                }
+            }
+        };
+        if let Some(waiting_missing) = report {
+            // The stage lines and the join travel different roads; the
+            // driver hears them in order.
+            if waiting_missing {
+                self.report(
+                    key,
+                    BootstrapEvent::Progress(BootstrapProgress::WaitingForJoin),
+                );
+            }
+            self.report(key, BootstrapEvent::Joined);
+        }
+    }
+
     fn on_swarm(&self, event: RemoteEvent) {
         match event {
-            RemoteEvent::Joined(key) => {
-                let waiting_missing = {
-                    let mut sessions = lock(&self.sessions);
-                    match sessions.get_mut(&key) {
-                        Some(s) => {
-                            s.settled = true;
-                            let missing = s.rank < stage_rank(BootstrapProgress::WaitingForJoin);
-                            s.rank = stage_rank(BootstrapProgress::WaitingForJoin);
-                            missing
-                        }
-                        None => false,
-                    }
-                };
-                // The stage lines and the join travel different roads; the
-                // driver hears them in order.
-                if waiting_missing {
-                    self.report(
-                        &key,
-                        BootstrapEvent::Progress(BootstrapProgress::WaitingForJoin),
-                    );
-                }
-                self.report(&key, BootstrapEvent::Joined);
-            }
+            RemoteEvent::Joined(key) => self.joined(&key, false),
             RemoteEvent::Rejoined(key) => {
                 tracing::info!(node = %key, "agent re-joined the swarm");
+                self.joined(&key, true);
             }
             RemoteEvent::Lost(key, cause) => {
                 lock(&self.sessions).remove(&key);
+                lock(&self.rejoined).remove(&key);
                 self.lost(&key, cause);
             }
         }
@@ -468,6 +504,7 @@ impl SlurmPlugin {
             known: Mutex::new(BTreeMap::new()),
             sent: Mutex::new(BTreeSet::new()),
             sessions: Mutex::new(BTreeMap::new()),
+            rejoined: Mutex::new(BTreeSet::new()),
             serial: Mutex::new(0),
             listing: tokio::sync::Mutex::new(None),
         });
@@ -491,6 +528,21 @@ impl SlurmPlugin {
             swarm,
             watch,
         })
+    }
+
+    /// The controller this plugin reports to was replaced in-process by one
+    /// recovered from its journal, while the plugin, the jobs and their
+    /// agent steps live on. Every session goes quiet, as if a restarted
+    /// plugin had found its step: nothing of its progress or join is
+    /// reported until the new controller's adopting `start_bootstrap`, which
+    /// reports the join if the agent joined meanwhile. Returns how many
+    /// sessions went quiet.
+    pub fn controller_replaced(&self) -> usize {
+        let mut sessions = lock(&self.shared.sessions);
+        for session in sessions.values_mut() {
+            session.quiet = true;
+        }
+        sessions.len()
     }
 
     /// The address agents dial.
@@ -598,6 +650,8 @@ impl SlurmPlugin {
                 serial,
                 rank: 0,
                 settled: false,
+                joined: false,
+                quiet: false,
             },
         );
         self.swarm.expect(key);
@@ -919,7 +973,26 @@ impl ProvisionPlugin for SlurmPlugin {
     ) -> Result<BootstrapSession, PluginError> {
         let name = name_of(key)?;
         let session = session_of(&name);
-        if lock(&self.shared.sessions).contains_key(key) {
+        let replay = {
+            let mut sessions = lock(&self.shared.sessions);
+            sessions.get_mut(key).map(|s| {
+                // A quiet session is re-attached by this adopting start: what
+                // its agent did meanwhile is reported now.
+                let replay = std::mem::replace(&mut s.quiet, false) && s.joined;
+                if replay {
+                    s.rank = stage_rank(BootstrapProgress::WaitingForJoin);
+                }
+                replay
+            })
+        };
+        if let Some(replay) = replay {
+            if replay {
+                self.shared.report(
+                    key,
+                    BootstrapEvent::Progress(BootstrapProgress::WaitingForJoin),
+                );
+                self.shared.report(key, BootstrapEvent::Joined);
+            }
             return Ok(BootstrapSession {
                 session,
                 adopted: true,
@@ -943,16 +1016,24 @@ impl ProvisionPlugin for SlurmPlugin {
                 *serial += 1;
                 *serial
             };
+            // Its agent may have re-joined already; then the join is
+            // reported now, else when it re-joins.
+            let joined = lock(&self.shared.rejoined).remove(key);
             lock(&self.shared.sessions).insert(
                 key.clone(),
                 Session {
                     serial,
                     rank: stage_rank(BootstrapProgress::WaitingForJoin),
                     settled: true,
+                    joined,
+                    quiet: false,
                 },
             );
             if !self.swarm.expected().contains(key) {
                 self.swarm.expect_adopted(key, ADOPTED_JOIN_WAIT);
+            }
+            if joined {
+                self.shared.report(key, BootstrapEvent::Joined);
             }
             return Ok(BootstrapSession {
                 session,

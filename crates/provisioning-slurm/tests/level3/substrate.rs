@@ -750,6 +750,13 @@ impl Substrate for SlurmSubstrate {
         true
     }
 
+    /// The plugin lives on across the crash, as the jobs and agent steps
+    /// do; its sessions go quiet until the recovered controller's adopting
+    /// starts re-attach them, as a restarted plugin would find them.
+    fn controller_restarted(&mut self) {
+        self.plugin.controller_replaced();
+    }
+
     /// Destroys an orphan the way the durable host does: the plugin lists
     /// the run, and the listed lease of `key` is destroyed through the real
     /// `destroy_node`. Whether anything was live comes from `squeue`.
