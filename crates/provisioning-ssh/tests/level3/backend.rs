@@ -12,7 +12,7 @@
 //! | `ambiguous-done` | create-lease | the test holds every host's claim lock, so the claim script waits on its host in `flock`; then the host's **link goes down** (mid-call), the lock is let go, the claim is made and its reply never comes back |
 //! | `ambiguous-undone` | create-lease | as above, but the waiting `flock` is killed first: nothing is claimed, and no reply comes back either |
 //! | `hang` | cancel-bootstrap, destroy-lease | the node's remote agent is stopped with **`SIGSTOP`** for the call (its stop waits on the host); `SIGCONT` on release |
-//! | `hang` | create-lease | held before it reaches the plugin (a slow call), so that it may go on after a controller crash and make an orphan |
+//! | `hang` | create-lease | held before it reaches the plugin (a slow call) until released; the executor's deadline passes meanwhile |
 //!
 //! Every node's spec becomes the plugin's: the substrate's run, provider
 //! `ssh`, one verify command that fails only while the node's marker file
@@ -398,8 +398,8 @@ impl SshBackend {
 
     /// A create held before it reaches the plugin until the trace releases
     /// it (or, as a safety bound, [`HOLD_WAIT_MAX`] passes): a slow call. It
-    /// runs as a task of the substrate's runtime, so it goes on when the
-    /// controller that made it crashed — and may then make an orphan.
+    /// runs as a task of the substrate's runtime, so it would go on after a
+    /// controller crash (crashes are not exercised yet; see the substrate).
     async fn create_held(
         &self,
         real: &Operation,
