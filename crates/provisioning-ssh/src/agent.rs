@@ -175,6 +175,19 @@ impl Shared {
         }
     }
 
+    /// A new controller replaced the one the facts so far were reported to:
+    /// no bootstrap is announced any more, so nothing of an agent (its join
+    /// included) is reported until that controller's adopting start
+    /// announces it again. Returns how many agents were known.
+    pub(crate) fn controller_replaced(&self) -> usize {
+        let mut agents = self.agents();
+        for state in agents.values_mut() {
+            state.announced = false;
+            state.join_reported = false;
+        }
+        agents.len()
+    }
+
     /// Forgets everything about `key` and stops its watchdog.
     pub(crate) fn forget(&self, key: &AttemptKey) {
         if let Some(state) = self.agents().remove(key)

@@ -66,8 +66,8 @@
 //! node's `Joined`; a lost agent or an exited workload is a lost node.
 //!
 //! # Not yet done
-//! - Connection multiplexing (`ControlMaster`) and the Level 3 battery over
-//!   SSH.
+//! - Connection multiplexing (`ControlMaster`): every call is a full
+//!   OpenSSH handshake.
 
 mod agent;
 mod config;

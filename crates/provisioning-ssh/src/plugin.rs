@@ -542,6 +542,16 @@ impl SshPlugin {
         }
     }
 
+    /// The controller this plugin reports to was replaced in-process by one
+    /// recovered from its journal, while the plugin and the remote agents
+    /// live on. Every agent goes quiet, as for a restarted plugin: its join
+    /// (also one seen before) is reported once the new controller's
+    /// adopting `start_bootstrap` announces its bootstrap. Returns how many
+    /// agents went quiet.
+    pub fn controller_replaced(&self) -> usize {
+        self.shared.controller_replaced()
+    }
+
     /// The configuration.
     pub fn config(&self) -> &SshPluginConfig {
         &self.config

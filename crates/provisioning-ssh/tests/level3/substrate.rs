@@ -28,9 +28,11 @@
 //! two hosts, count twice (G08).
 //!
 //! # Crashes
-//! Not exercised: see [`SshSubstrate::survives_controller_crash`]. Orphans
-//! would be destroyed through the plugin's own `list_nodes` and
-//! `destroy_node` ([`SshSubstrate::destroy_orphan`]).
+//! The agents and the plugin outlive a controller crash; the plugin's
+//! agents go quiet for the recovered controller
+//! ([`SshSubstrate::controller_restarted`]). Orphans are destroyed through
+//! the plugin's own `list_nodes` and `destroy_node`
+//! ([`SshSubstrate::destroy_orphan`]).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -549,16 +551,17 @@ impl Substrate for SshSubstrate {
         self.shared.take_alarms()
     }
 
-    /// No: crash inputs are no-ops here. The plugin instance (its swarm
-    /// listener, what it knows of joined agents) would survive the
-    /// harness's crash while the facts it reported before are dropped, and
-    /// a start that adopts an already joined agent does not report `Joined`
-    /// again, so the recovered controller waits for it forever (a seed
-    /// found it: see the report of the branch `ssh3`). A faithful crash
-    /// needs a fresh plugin on the same listen address after the crash,
-    /// which the kit's `Substrate` has no hook for yet.
+    /// The agents outlive the controller (the harness's driver and
+    /// executor), and so does the plugin that watches them.
     fn survives_controller_crash(&self) -> bool {
-        false
+        true
+    }
+
+    /// The plugin lives on across the crash; its agents go quiet until the
+    /// recovered controller's adopting starts announce them again, as a
+    /// restarted plugin would meet them.
+    fn controller_restarted(&mut self) {
+        self.plugin.controller_replaced();
     }
 
     /// Destroys an orphan the way the durable host does: the plugin lists
