@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 use provisioning::RunId;
 use provisioning_process::os;
 use serde_json::Value;
-use up::{Bounds, POLL_INTERVAL, Up, wait_output};
+use up::{Bounds, POLL_INTERVAL, Up, nodes, wait_output};
 
 const BOUNDS: Bounds = Bounds {
     // After a start or an edit.
@@ -158,22 +158,6 @@ impl Drop for Cluster {
         self.up.kill();
         let _ = os::kill_run(&self.run_id(), CLEANUP_BOUND);
     }
-}
-
-fn nodes(status: &Value) -> Vec<(String, u64, String, bool)> {
-    status["nodes"]
-        .as_array()
-        .expect("nodes is an array")
-        .iter()
-        .map(|n| {
-            (
-                n["id"].as_str().expect("id").to_owned(),
-                n["attempt"].as_u64().expect("attempt"),
-                n["stage"].as_str().expect("stage").to_owned(),
-                n["ready"].as_bool().expect("ready"),
-            )
-        })
-        .collect()
 }
 
 fn attempt_of(status: &Value, id: &str) -> u64 {

@@ -243,7 +243,7 @@ fn an_ssh_fleet_converges_replaces_a_killed_agent_and_ctrl_c_leaves_nothing() {
             && ready(s) == NODES
             && nodes(s)
                 .iter()
-                .any(|n| n.0 == node && n.1 > old_attempt && n.2)
+                .any(|n| n.0 == node && n.1 > old_attempt && n.3)
     });
     assert_eq!(nodes(&status).len(), NODES);
     assert!(!process_alive(&victim.to_string()));
@@ -267,6 +267,113 @@ fn an_ssh_fleet_converges_replaces_a_killed_agent_and_ctrl_c_leaves_nothing() {
     cluster.assert_nothing_left();
 }
 
+/// A host cut off by a real partition (its link down): its node's agent
+/// connection dies, so the node is reported lost. While the host cannot be
+/// reached its claim and agent cannot be confirmed gone, so the slot is
+/// not given a second attempt elsewhere (G07, G08: never live resources of
+/// two attempts of one slot) and the other nodes stay ready. Once the host
+/// answers, the old agent and claim are destroyed and the slot comes back
+/// with a fresh attempt.
+#[test]
+fn a_partitioned_hosts_node_is_lost_and_replaced_without_ever_holding_two_attempts() {
+    let mut cluster = SshCluster::new("partition");
+    cluster.start();
+    let status = cluster.wait_converged();
+    // A node's slot search starts at the host of its index, so each host
+    // holds one node. The controller listens on the first host's link, so
+    // another host is cut off.
+    let claims = cluster.claims();
+    let (host, claim) = claims
+        .iter()
+        .enumerate()
+        .skip(1)
+        .find_map(|(i, c)| c.first().map(|claim| (i, claim.clone())))
+        .unwrap_or_else(|| panic!("a claim on a host other than the first: {claims:?}"));
+    let node = claim.split('/').next().expect("node").to_owned();
+    let old_attempt = nodes(&status)
+        .iter()
+        .find(|n| n.0 == node)
+        .map(|n| n.1)
+        .expect("the partitioned host's node");
+    let (_, old_agent) = cluster
+        .agent_pids()
+        .into_iter()
+        .find(|(c, _)| *c == claim)
+        .expect("the partitioned node's agent pid");
+    let netns = cluster.bed.hosts[host].netns.as_ref().expect("namespaced");
+    eprintln!("partitioning {} ({claim})", cluster.bed.hosts[host].name);
+    netns.partition();
+
+    let lost = cluster.wait_for("the partitioned host's node to be lost", |s| {
+        nodes(s).iter().any(|n| n.0 == node && !n.3)
+    });
+    assert!(
+        nodes(&lost).iter().filter(|n| n.3).count() >= NODES - 1,
+        "the other nodes stay ready: {lost:#}"
+    );
+    // Partitioned for a while (past the re-join grace and a few cleanup
+    // retries): the slot never holds a second claim or agent, and nothing
+    // of the node runs on any other host.
+    let partitioned_until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < partitioned_until {
+        let claims = cluster.claims();
+        let of_node: Vec<&String> = claims
+            .iter()
+            .flatten()
+            .filter(|c| c.split('/').next() == Some(node.as_str()))
+            .collect();
+        assert!(
+            of_node.len() <= 1,
+            "two attempts of {node} hold claims: {claims:?}"
+        );
+        assert!(
+            claims.iter().map(Vec::len).sum::<usize>() <= NODES,
+            "more claims than nodes: {claims:?}"
+        );
+        assert!(cluster.agent_count() <= NODES, "{:?}", cluster.agents());
+        sleep(POLL_INTERVAL);
+    }
+    assert!(
+        process_alive(&old_agent),
+        "the cut-off agent is out of reach, not killed"
+    );
+
+    eprintln!("healing {}", cluster.bed.hosts[host].name);
+    cluster.bed.hosts[host]
+        .netns
+        .as_ref()
+        .expect("namespaced")
+        .heal();
+    let status = cluster.wait_for("the lost node's replacement", |s| {
+        s["converged"] == Value::Bool(true)
+            && ready(s) == NODES
+            && nodes(s)
+                .iter()
+                .any(|n| n.0 == node && n.1 > old_attempt && n.3)
+    });
+    assert_eq!(nodes(&status).len(), NODES);
+    assert!(
+        !process_alive(&old_agent),
+        "the old agent was stopped once its host answered"
+    );
+    let claims = cluster.claims();
+    assert!(
+        !claims.iter().flatten().any(|c| *c == claim),
+        "the old claim {claim} was removed: {claims:?}"
+    );
+    assert_eq!(
+        claims.iter().map(Vec::len).sum::<usize>(),
+        NODES,
+        "{claims:?}"
+    );
+    assert_eq!(cluster.agent_count(), NODES, "{:?}", cluster.agents());
+
+    cluster.signal_up(Signal::SIGINT);
+    let exit = cluster.wait_up_exit();
+    assert!(exit.success(), "{exit}\n{}", cluster.up_output());
+    cluster.assert_nothing_left();
+}
+
 #[test]
 fn after_kill_9_of_up_mid_bring_up_a_restart_adopts_the_running_agents() {
     let mut cluster = SshCluster::new("restart");
@@ -275,7 +382,7 @@ fn after_kill_9_of_up_mid_bring_up_a_restart_adopts_the_running_agents() {
     let status = cluster.wait_for("the first ready nodes", |s| ready(s) >= 2);
     let ready_before: Vec<(String, u64)> = nodes(&status)
         .into_iter()
-        .filter(|n| n.2)
+        .filter(|n| n.3)
         .map(|n| (n.0, n.1))
         .collect();
     let pids_before = cluster.agent_pids();
@@ -305,7 +412,7 @@ fn after_kill_9_of_up_mid_bring_up_a_restart_adopts_the_running_agents() {
         assert!(
             nodes(&status)
                 .iter()
-                .any(|n| n.0 == *node && n.1 == *attempt && n.2),
+                .any(|n| n.0 == *node && n.1 == *attempt && n.3),
             "ready node {claim} was adopted, not replaced: {status:#}"
         );
         let before = pids_before.iter().find(|(c, _)| *c == claim);

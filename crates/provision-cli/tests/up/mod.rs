@@ -337,8 +337,8 @@ pub(crate) fn wait_output(mut child: Child, bound: Duration, what: &str) -> Outp
     }
 }
 
-/// The status's nodes: id, attempt, ready.
-pub(crate) fn nodes(status: &Value) -> Vec<(String, u64, bool)> {
+/// The status's nodes: id, attempt, stage, ready.
+pub(crate) fn nodes(status: &Value) -> Vec<(String, u64, String, bool)> {
     status["nodes"]
         .as_array()
         .expect("nodes is an array")
@@ -347,6 +347,7 @@ pub(crate) fn nodes(status: &Value) -> Vec<(String, u64, bool)> {
             (
                 n["id"].as_str().expect("id").to_owned(),
                 n["attempt"].as_u64().expect("attempt"),
+                n["stage"].as_str().expect("stage").to_owned(),
                 n["ready"].as_bool().expect("ready"),
             )
         })
