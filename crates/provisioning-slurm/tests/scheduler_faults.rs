@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{key, plugin, spec, wait_until};
+use common::{key, plugin, spec, wait_until, wait_until_within};
 use provisioning::observe::LossCause;
 use provisioning::{EndpointLookup, Observation, RunId};
 use provisioning_provider::{ObservationSink, PluginError, ProvisionPlugin};
@@ -67,12 +67,7 @@ async fn a_node_whose_slurmd_is_killed_is_lost() {
         facts.lock().expect("facts").contains(&lost)
     })
     .await;
-    let states: Vec<String> = bed
-        .jobs()
-        .into_iter()
-        .filter(|(_, name, ..)| name.starts_with("prov+node-down+"))
-        .map(|(_, _, state, _)| state)
-        .collect();
+    let states = job_states(&bed, "prov+node-down+");
     assert_eq!(states, ["NODE_FAIL"], "{:?}", bed.jobs());
     assert!(
         plugin
@@ -154,33 +149,29 @@ async fn a_job_that_hits_its_time_limit_is_lost() {
         attempt: k.attempt,
         cause: LossCause::LeaseGone,
     };
-    let deadline = tokio::time::Instant::now() + TIME_LIMIT_WAIT;
-    while !facts.lock().expect("facts").contains(&lost) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no loss within {TIME_LIMIT_WAIT:?}; jobs: {:?}",
-            bed.jobs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until_within(
+        "the loss of the job past its time limit",
+        TIME_LIMIT_WAIT,
+        || facts.lock().expect("facts").contains(&lost),
+    )
+    .await;
     // The loss can be seen while the job is still COMPLETING (its steps
     // being torn down); the final state is what is checked.
-    let states = loop {
-        let states: Vec<String> = bed
-            .jobs()
-            .into_iter()
-            .filter(|(_, name, ..)| name.starts_with("prov+time-limit+"))
-            .map(|(_, _, state, _)| state)
-            .collect();
-        if !states.iter().any(|state| state == "COMPLETING") {
-            break states;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the job never left COMPLETING; jobs: {:?}",
-            bed.jobs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    wait_until_within("the job to leave COMPLETING", TIME_LIMIT_WAIT, || {
+        !job_states(&bed, "prov+time-limit+")
+            .iter()
+            .any(|state| state == "COMPLETING")
+    })
+    .await;
+    let states = job_states(&bed, "prov+time-limit+");
     assert_eq!(states, ["TIMEOUT"], "{:?}", bed.jobs());
+}
+
+/// The states of the jobs whose names start with `prefix`.
+fn job_states(bed: &Testbed, prefix: &str) -> Vec<String> {
+    bed.jobs()
+        .into_iter()
+        .filter(|(_, name, ..)| name.starts_with(prefix))
+        .map(|(_, _, state, _)| state)
+        .collect()
 }

@@ -143,13 +143,18 @@ pub fn spec(key: &AttemptKey, labels: BTreeMap<String, String>, start: &str) -> 
 }
 
 /// Waits (bounded by [`WAIT`]) until `done` holds; panics with `what`.
-pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
+pub async fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    wait_until_within(what, WAIT, done).await;
+}
+
+/// Waits (bounded by `bound`) until `done` holds; panics with `what`.
+pub async fn wait_until_within(what: &str, bound: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + bound;
     while tokio::time::Instant::now() < deadline {
         if done() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("timed out after {WAIT:?} waiting for {what}");
+    panic!("timed out after {bound:?} waiting for {what}");
 }
