@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Testbed;
+use nix::sys::resource::{UsageWho, getrusage};
 use provisioning::observe::BootstrapEvent;
 use provisioning::{
     BootParams, EndpointLookup, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeGroup,
@@ -221,12 +222,37 @@ async fn reconciler(plugin: Arc<SshPlugin>, run: &RunId, nodes: usize) -> Result
     }
 }
 
+/// One bring-up: its wall time, the CPU time (user + system) of this
+/// process over it — the controller: the host or the direct calls, and the
+/// plugin — and that of the `ssh` clients it ran and reaped.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    wall: Duration,
+    controller_cpu: Duration,
+    ssh_cpu: Duration,
+}
+
+/// One figure of a [`Sample`].
+type SampleField = fn(&Sample) -> Duration;
+
+/// User plus system CPU time of `who` so far.
+fn cpu_time(who: UsageWho) -> Duration {
+    let Ok(usage) = getrusage(who) else {
+        return Duration::ZERO;
+    };
+    let time = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
+    };
+    time(usage.user_time()) + time(usage.system_time())
+}
+
 async fn measure(
     bed: &Testbed,
     variant: Variant,
     rep: usize,
     nodes: usize,
-) -> Result<Duration, String> {
+) -> Result<Sample, String> {
     let name = format!(
         "bench-{rep}-{}",
         if variant == Variant::Direct {
@@ -241,6 +267,8 @@ async fn measure(
         .await
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
+    let controller_before = cpu_time(UsageWho::RUSAGE_SELF);
+    let ssh_before = cpu_time(UsageWho::RUSAGE_CHILDREN);
     let brought_up = match variant {
         Variant::Direct => {
             tokio::time::timeout(BRING_UP_BOUND, direct(plugin.clone(), &run, nodes)).await
@@ -249,7 +277,11 @@ async fn measure(
             tokio::time::timeout(BRING_UP_BOUND, reconciler(plugin.clone(), &run, nodes)).await
         }
     };
-    let elapsed = started.elapsed();
+    let sample = Sample {
+        wall: started.elapsed(),
+        controller_cpu: cpu_time(UsageWho::RUSAGE_SELF).saturating_sub(controller_before),
+        ssh_cpu: cpu_time(UsageWho::RUSAGE_CHILDREN).saturating_sub(ssh_before),
+    };
     // Whatever happened, nothing of the run stays on the hosts.
     destroy_all(&plugin, &run).await?;
     let left: usize = bed.hosts.iter().map(|h| h.claims_of(&name).len()).sum();
@@ -257,13 +289,13 @@ async fn measure(
         Err(_) => Err(format!("no bring-up within {BRING_UP_BOUND:?}")),
         Ok(Err(error)) => Err(error),
         Ok(Ok(())) if left > 0 => Err(format!("{left} claim(s) left after teardown")),
-        Ok(Ok(())) => Ok(elapsed),
+        Ok(Ok(())) => Ok(sample),
     }
 }
 
-fn median(samples: &mut [Duration]) -> Duration {
+fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
-    samples[samples.len() / 2]
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
 }
 
 async fn run(options: Options) -> Result<(), String> {
@@ -290,28 +322,49 @@ async fn run(options: Options) -> Result<(), String> {
             [Variant::Reconciler, Variant::Direct]
         };
         for variant in order {
-            let elapsed = measure(&bed, variant, rep, options.hosts).await?;
-            eprintln!("rep {rep}: {variant:?} {:.3} s", elapsed.as_secs_f64());
+            let sample = measure(&bed, variant, rep, options.hosts).await?;
+            eprintln!(
+                "rep {rep}: {variant:?} {:.3} s (controller cpu {:.3} s, ssh clients cpu {:.3} s)",
+                sample.wall.as_secs_f64(),
+                sample.controller_cpu.as_secs_f64(),
+                sample.ssh_cpu.as_secs_f64()
+            );
             match variant {
-                Variant::Direct => direct_samples.push(elapsed),
-                Variant::Reconciler => reconciler_samples.push(elapsed),
+                Variant::Direct => direct_samples.push(sample),
+                Variant::Reconciler => reconciler_samples.push(sample),
             }
         }
     }
-    let direct = median(&mut direct_samples);
-    let reconciler = median(&mut reconciler_samples);
     println!(
-        "ssh bring-up, {} hosts, {} node(s), {} rep(s), medians: direct {:.3} s, reconciler {:.3} s, ratio {:.2}",
-        options.hosts,
-        options.hosts,
-        options.reps,
-        direct.as_secs_f64(),
-        reconciler.as_secs_f64(),
-        reconciler.as_secs_f64() / direct.as_secs_f64()
+        "ssh bring-up, {} hosts, {} node(s), {} rep(s), medians:",
+        options.hosts, options.hosts, options.reps
     );
+    println!("                      direct   reconciler   ratio");
+    let rows: [(&str, SampleField); 3] = [
+        ("wall s", |s| s.wall),
+        ("controller cpu s", |s| s.controller_cpu),
+        ("ssh clients cpu s", |s| s.ssh_cpu),
+    ];
+    for (name, field) in rows {
+        let direct = median(direct_samples.iter().map(field).collect());
+        let reconciler = median(reconciler_samples.iter().map(field).collect());
+        println!(
+            "{name:<18} {:>9.3} {:>12.3} {:>7.2}",
+            direct.as_secs_f64(),
+            reconciler.as_secs_f64(),
+            reconciler.as_secs_f64() / direct.as_secs_f64().max(f64::MIN_POSITIVE)
+        );
+    }
+    let walls = |samples: &[Sample]| -> Vec<String> {
+        samples
+            .iter()
+            .map(|s| format!("{:.3}", s.wall.as_secs_f64()))
+            .collect()
+    };
     println!(
-        "direct samples: {:?}\nreconciler samples: {:?}",
-        direct_samples, reconciler_samples
+        "direct wall samples: {:?}\nreconciler wall samples: {:?}",
+        walls(&direct_samples),
+        walls(&reconciler_samples)
     );
     Ok(())
 }
