@@ -155,41 +155,51 @@ struct Running {
     gates: Vec<oneshot::Sender<()>>,
 }
 
-struct Completed {
-    print: InputPrint,
-    outcome: Result<EffectOutput, EffectError>,
+/// An outcome kept for replay. The outcomes without payload — among them
+/// the last one of every converged node — are kept without an allocation.
+enum StoredOutcome {
+    ConvergenceAcknowledged,
+    BootstrapCancelled,
+    LeaseDestroyed,
+    TimedOut,
+    Other(Box<Result<EffectOutput, EffectError>>),
 }
 
-struct AttemptLedger {
-    node: LogicalNodeId,
-    highest: Option<OperationSequence>,
-    running: Option<Running>,
-    waiting: Option<InputPrint>,
-    /// The latest completed operation (an expired one counts, with its
-    /// timeout as result).
-    completed: Option<Completed>,
-    /// The latest operation that expired; its result is always the timeout.
-    expired: Option<InputPrint>,
-    retired: bool,
-}
-
-impl AttemptLedger {
-    fn new(node: LogicalNodeId) -> Self {
-        AttemptLedger {
-            node,
-            highest: None,
-            running: None,
-            waiting: None,
-            completed: None,
-            expired: None,
-            retired: false,
+impl StoredOutcome {
+    fn of(outcome: Result<EffectOutput, EffectError>) -> Self {
+        match outcome {
+            Ok(EffectOutput::ConvergenceAcknowledged) => StoredOutcome::ConvergenceAcknowledged,
+            Ok(EffectOutput::BootstrapCancelled) => StoredOutcome::BootstrapCancelled,
+            Ok(EffectOutput::LeaseDestroyed) => StoredOutcome::LeaseDestroyed,
+            other => StoredOutcome::Other(Box::new(other)),
         }
     }
 
-    fn idle(&self) -> bool {
-        self.running.is_none() && self.waiting.is_none()
+    fn outcome(&self) -> Result<EffectOutput, EffectError> {
+        match self {
+            StoredOutcome::ConvergenceAcknowledged => Ok(EffectOutput::ConvergenceAcknowledged),
+            StoredOutcome::BootstrapCancelled => Ok(EffectOutput::BootstrapCancelled),
+            StoredOutcome::LeaseDestroyed => Ok(EffectOutput::LeaseDestroyed),
+            StoredOutcome::TimedOut => Err(EffectError::timed_out()),
+            StoredOutcome::Other(outcome) => (**outcome).clone(),
+        }
     }
+}
 
+struct Completed {
+    print: InputPrint,
+    outcome: StoredOutcome,
+}
+
+/// What an attempt has in flight: the node it is for (results name it),
+/// and its running and waiting operations.
+struct InFlight {
+    node: LogicalNodeId,
+    running: Option<Running>,
+    waiting: Option<InputPrint>,
+}
+
+impl InFlight {
     fn result(
         &self,
         print: &InputPrint,
@@ -200,6 +210,57 @@ impl AttemptLedger {
             node: self.node.clone(),
             kind: print.kind,
             outcome,
+        }
+    }
+}
+
+/// The ledger of one attempt. Most attempts are idle most of the time (a
+/// converged node's attempt is idle for good), so what only an attempt with
+/// work in flight needs is boxed apart: an idle attempt keeps its latest
+/// completed operation and little else.
+struct AttemptLedger {
+    highest: Option<OperationSequence>,
+    /// `Some` while an operation runs or waits; dropped when none does.
+    in_flight: Option<Box<InFlight>>,
+    /// The latest completed operation (an expired one counts, with its
+    /// timeout as result).
+    completed: Option<Completed>,
+    /// The latest operation that expired; its result is always the timeout.
+    expired: Option<Box<InputPrint>>,
+    retired: bool,
+}
+
+impl AttemptLedger {
+    fn new() -> Self {
+        AttemptLedger {
+            highest: None,
+            in_flight: None,
+            completed: None,
+            expired: None,
+            retired: false,
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.in_flight.is_none()
+    }
+
+    fn running(&self) -> Option<&Running> {
+        self.in_flight.as_ref()?.running.as_ref()
+    }
+
+    fn waiting(&self) -> Option<&InputPrint> {
+        self.in_flight.as_ref()?.waiting.as_ref()
+    }
+
+    /// Drops the in-flight part once nothing runs or waits.
+    fn settle(&mut self) {
+        if self
+            .in_flight
+            .as_ref()
+            .is_some_and(|f| f.running.is_none() && f.waiting.is_none())
+        {
+            self.in_flight = None;
         }
     }
 }
@@ -302,8 +363,8 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         let ledger = self.shared.lock();
         let mut ids = Vec::new();
         for attempt in ledger.attempts.values() {
-            ids.extend(attempt.running.as_ref().map(|r| r.print.id));
-            ids.extend(attempt.waiting.as_ref().map(|w| w.id));
+            ids.extend(attempt.running().map(|r| r.print.id));
+            ids.extend(attempt.waiting().map(|w| w.id));
         }
         ids
     }
@@ -318,12 +379,12 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
             .map(|(attempt, entry)| LedgerEntry {
                 attempt: *attempt,
                 highest: entry.highest,
-                running: entry.running.as_ref().map(|r| (r.print.id, r.expired)),
-                waiting: entry.waiting.as_ref().map(|w| w.id),
+                running: entry.running().map(|r| (r.print.id, r.expired)),
+                waiting: entry.waiting().map(|w| w.id),
                 completed: entry
                     .completed
                     .as_ref()
-                    .map(|c| (c.print.id, c.outcome.clone())),
+                    .map(|c| (c.print.id, c.outcome.outcome())),
                 expired: entry.expired.as_ref().map(|e| e.id),
                 retired: entry.retired,
             })
@@ -350,7 +411,7 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         } = &mut *ledger;
         let entry = attempts
             .entry(op.attempt())
-            .or_insert_with(|| Box::new(AttemptLedger::new(op.node.clone())));
+            .or_insert_with(|| Box::new(AttemptLedger::new()));
         let print = InputPrint::of(&op);
         let verdict = |known: &InputPrint| {
             known.same_input(&print).map(|same| {
@@ -361,23 +422,29 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
                 }
             })
         };
-        if let Some(verdict) = entry.running.as_ref().and_then(|r| verdict(&r.print)) {
+        if let Some(verdict) = entry.running().and_then(|r| verdict(&r.print)) {
             return verdict.map(|()| Submitted::AlreadyRunning);
         }
-        if let Some(verdict) = entry.waiting.as_ref().and_then(verdict) {
+        if let Some(verdict) = entry.waiting().and_then(verdict) {
             return verdict.map(|()| Submitted::AlreadyRunning);
         }
         let replay = entry
             .completed
             .as_ref()
-            .and_then(|c| verdict(&c.print).map(|v| (c.print.clone(), c.outcome.clone(), v)))
+            .and_then(|c| verdict(&c.print).map(|v| (c.print.id, c.print.kind, &c.outcome, v)))
             .or_else(|| {
-                let expired = entry.expired.as_ref()?;
-                verdict(expired).map(|v| (expired.clone(), Err(EffectError::timed_out()), v))
+                let expired = entry.expired.as_deref()?;
+                verdict(expired).map(|v| (expired.id, expired.kind, &StoredOutcome::TimedOut, v))
             });
-        if let Some((print, outcome, verdict)) = replay {
+        if let Some((id, kind, outcome, verdict)) = replay {
             verdict?;
-            let replay = entry.result(&print, outcome);
+            // The same id with the same input names the same node.
+            let replay = ExecutorResult {
+                op: id,
+                node: op.node.clone(),
+                kind,
+                outcome: outcome.outcome(),
+            };
             outbox.push_back(replay);
             counters.replayed += 1;
             drop(ledger);
@@ -390,14 +457,21 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         entry.highest = Some(op.id.sequence());
         entry.retired = false;
 
-        let gate = match &mut entry.running {
+        let in_flight: &mut InFlight = entry.in_flight.get_or_insert_with(|| {
+            Box::new(InFlight {
+                node: op.node.clone(),
+                running: None,
+                waiting: None,
+            })
+        });
+        let gate = match &mut in_flight.running {
             Some(older) => {
                 // The driver moved on from the older operation: whatever it
                 // reports now is late. This one waits until it really ends.
                 older.expired = true;
                 let (open, gate) = oneshot::channel();
                 older.gates.push(open);
-                entry.waiting = Some(print);
+                in_flight.waiting = Some(print);
                 counters.waited += 1;
                 Some(gate)
             }
@@ -405,10 +479,10 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
                 // An older operation still recorded as waiting (its gate open,
                 // its task not yet run) timed out straight at the driver, which
                 // then moved on: it must never reach the backend after this one.
-                if entry.waiting.take().is_some() {
+                if in_flight.waiting.take().is_some() {
                     counters.skipped += 1;
                 }
-                entry.running = Some(Running {
+                in_flight.running = Some(Running {
                     print,
                     expired: false,
                     gates: Vec::new(),
@@ -442,23 +516,25 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
             attempts, counters, ..
         } = &mut *ledger;
         let entry = attempts.get_mut(&op.attempt())?;
-        let expired = if let Some(running) = entry.running.as_mut().filter(|r| r.print.id == op) {
+        let in_flight = entry.in_flight.as_deref_mut()?;
+        let expired = if let Some(running) = in_flight.running.as_mut().filter(|r| r.print.id == op)
+        {
             if running.expired {
                 return None;
             }
             running.expired = true;
             running.print.clone()
-        } else if entry.waiting.as_ref().is_some_and(|w| w.id == op) {
-            entry.waiting.take()?
+        } else if in_flight.waiting.as_ref().is_some_and(|w| w.id == op) {
+            in_flight.waiting.take()?
         } else {
             return None;
         };
-        let outcome = Err(EffectError::timed_out());
-        let result = entry.result(&expired, outcome.clone());
-        entry.expired = Some(expired.clone());
+        let result = in_flight.result(&expired, Err(EffectError::timed_out()));
+        entry.settle();
+        entry.expired = Some(Box::new(expired.clone()));
         entry.completed = Some(Completed {
             print: expired,
-            outcome,
+            outcome: StoredOutcome::TimedOut,
         });
         counters.expired += 1;
         Some(result)
@@ -551,12 +627,15 @@ async fn run_operation<B: EffectBackend + ?Sized>(
         let Some(entry) = ledger.attempts.get_mut(&op.attempt()) else {
             return;
         };
-        if entry.waiting.as_ref().is_none_or(|w| w.id != op.id) || entry.running.is_some() {
+        if entry.waiting().is_none_or(|w| w.id != op.id) || entry.running().is_some() {
             // Expired or superseded while waiting.
             return;
         }
-        let print = entry.waiting.take();
-        entry.running = print.map(|print| Running {
+        let Some(in_flight) = entry.in_flight.as_deref_mut() else {
+            return;
+        };
+        let print = in_flight.waiting.take();
+        in_flight.running = print.map(|print| Running {
             print,
             expired: false,
             gates: Vec::new(),
@@ -598,7 +677,7 @@ fn begin_call(shared: &Weak<Shared>, op: OperationId) -> bool {
     let expired = ledger
         .attempts
         .get(&op.attempt())
-        .and_then(|entry| entry.running.as_ref())
+        .and_then(|entry| entry.running())
         .is_some_and(|running| running.print.id == op && running.expired);
     if expired {
         ledger.counters.skipped += 1;
@@ -622,7 +701,10 @@ fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, E
     let Some(entry) = attempts.get_mut(&op.attempt()) else {
         return;
     };
-    let Some(running) = entry.running.take_if(|r| r.print.id == op.id) else {
+    let Some(in_flight) = entry.in_flight.as_deref_mut() else {
+        return;
+    };
+    let Some(running) = in_flight.running.take_if(|r| r.print.id == op.id) else {
         return;
     };
     let mut reported = false;
@@ -630,10 +712,11 @@ fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, E
         // The driver already folded a timeout (or moved on): drop the result.
         counters.late_dropped += 1;
     } else {
-        outbox.push_back(entry.result(&running.print, outcome.clone()));
+        let stored = StoredOutcome::of(outcome);
+        outbox.push_back(in_flight.result(&running.print, stored.outcome()));
         entry.completed = Some(Completed {
             print: running.print,
-            outcome,
+            outcome: stored,
         });
         counters.completed += 1;
         reported = true;
@@ -641,6 +724,7 @@ fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, E
     for gate in running.gates {
         let _ = gate.send(());
     }
+    entry.settle();
     if entry.retired && entry.idle() {
         attempts.remove(&op.attempt());
     }
