@@ -139,10 +139,11 @@ impl InputPrint {
 
     /// `None` when `other` has another id; otherwise whether its input matches.
     fn same_input(&self, other: &InputPrint) -> Option<bool> {
-        (self.id == other.id).then(|| {
-            self.hash == other.hash
-                && (Arc::ptr_eq(&self.template, &other.template) || self.template == other.template)
-        })
+        (self.id == other.id).then(|| self.same_content(other.hash, &other.template))
+    }
+
+    fn same_content(&self, hash: u64, template: &Arc<NodeTemplate>) -> bool {
+        self.hash == hash && (Arc::ptr_eq(&self.template, template) || self.template == *template)
     }
 }
 
@@ -155,40 +156,86 @@ struct Running {
     gates: Vec<oneshot::Sender<()>>,
 }
 
-/// An outcome kept for replay. The outcomes without payload — among them
-/// the last one of every converged node — are kept without an allocation.
-enum StoredOutcome {
+/// An outcome kept for replay, without its payload where it has none —
+/// as the last outcome of every converged node has none.
+#[derive(Clone, Copy)]
+enum Kept {
     ConvergenceAcknowledged,
     BootstrapCancelled,
     LeaseDestroyed,
     TimedOut,
-    Other(Box<Result<EffectOutput, EffectError>>),
+    /// The outcome is in [`Completed::payload`].
+    Other,
 }
 
-impl StoredOutcome {
-    fn of(outcome: Result<EffectOutput, EffectError>) -> Self {
-        match outcome {
-            Ok(EffectOutput::ConvergenceAcknowledged) => StoredOutcome::ConvergenceAcknowledged,
-            Ok(EffectOutput::BootstrapCancelled) => StoredOutcome::BootstrapCancelled,
-            Ok(EffectOutput::LeaseDestroyed) => StoredOutcome::LeaseDestroyed,
-            other => StoredOutcome::Other(Box::new(other)),
+/// The latest completed operation of an attempt, kept flat (the attempt is
+/// the ledger's key, so only the sequence is kept of its id): one is kept
+/// for every attempt the executor has seen, so its size counts per node.
+struct Completed {
+    sequence: OperationSequence,
+    kind: EffectKind,
+    kept: Kept,
+    hash: u64,
+    template: Arc<NodeTemplate>,
+    /// `Some` exactly when `kept` is [`Kept::Other`].
+    payload: Option<Box<Result<EffectOutput, EffectError>>>,
+}
+
+impl Completed {
+    fn new(print: InputPrint, outcome: Result<EffectOutput, EffectError>) -> Self {
+        let (kept, payload) = match outcome {
+            Ok(EffectOutput::ConvergenceAcknowledged) => (Kept::ConvergenceAcknowledged, None),
+            Ok(EffectOutput::BootstrapCancelled) => (Kept::BootstrapCancelled, None),
+            Ok(EffectOutput::LeaseDestroyed) => (Kept::LeaseDestroyed, None),
+            other => (Kept::Other, Some(Box::new(other))),
+        };
+        Completed::with(print, kept, payload)
+    }
+
+    fn timed_out(print: InputPrint) -> Self {
+        Completed::with(print, Kept::TimedOut, None)
+    }
+
+    fn with(
+        print: InputPrint,
+        kept: Kept,
+        payload: Option<Box<Result<EffectOutput, EffectError>>>,
+    ) -> Self {
+        Completed {
+            sequence: print.id.sequence(),
+            kind: print.kind,
+            kept,
+            hash: print.hash,
+            template: print.template,
+            payload,
         }
+    }
+
+    /// The id of the operation, given its attempt (the ledger's key).
+    fn id(&self, attempt: NodeAttemptId) -> OperationId {
+        OperationId::new(attempt, self.sequence)
+    }
+
+    /// `None` when `print` has another id; otherwise whether its input
+    /// matches.
+    fn same_input(&self, print: &InputPrint) -> Option<bool> {
+        (self.sequence == print.id.sequence())
+            .then(|| print.same_content(self.hash, &self.template))
     }
 
     fn outcome(&self) -> Result<EffectOutput, EffectError> {
-        match self {
-            StoredOutcome::ConvergenceAcknowledged => Ok(EffectOutput::ConvergenceAcknowledged),
-            StoredOutcome::BootstrapCancelled => Ok(EffectOutput::BootstrapCancelled),
-            StoredOutcome::LeaseDestroyed => Ok(EffectOutput::LeaseDestroyed),
-            StoredOutcome::TimedOut => Err(EffectError::timed_out()),
-            StoredOutcome::Other(outcome) => (**outcome).clone(),
+        match self.kept {
+            Kept::ConvergenceAcknowledged => Ok(EffectOutput::ConvergenceAcknowledged),
+            Kept::BootstrapCancelled => Ok(EffectOutput::BootstrapCancelled),
+            Kept::LeaseDestroyed => Ok(EffectOutput::LeaseDestroyed),
+            Kept::TimedOut => Err(EffectError::timed_out()),
+            Kept::Other => match &self.payload {
+                Some(outcome) => (**outcome).clone(),
+                // Not reached: `Completed::new` keeps the payload of `Other`.
+                None => Err(EffectError::ambiguous("the kept outcome was lost")),
+            },
         }
     }
-}
-
-struct Completed {
-    print: InputPrint,
-    outcome: StoredOutcome,
 }
 
 /// What an attempt has in flight: the node it is for (results name it),
@@ -384,7 +431,7 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
                 completed: entry
                     .completed
                     .as_ref()
-                    .map(|c| (c.print.id, c.outcome.outcome())),
+                    .map(|c| (c.id(*attempt), c.outcome())),
                 expired: entry.expired.as_ref().map(|e| e.id),
                 retired: entry.retired,
             })
@@ -428,22 +475,29 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         if let Some(verdict) = entry.waiting().and_then(verdict) {
             return verdict.map(|()| Submitted::AlreadyRunning);
         }
+        let same = |same: bool| {
+            if same {
+                Ok(())
+            } else {
+                Err(SubmitError::ConflictingInput(op.id))
+            }
+        };
         let replay = entry
             .completed
             .as_ref()
-            .and_then(|c| verdict(&c.print).map(|v| (c.print.id, c.print.kind, &c.outcome, v)))
+            .and_then(|c| c.same_input(&print).map(|v| (c.kind, c.outcome(), same(v))))
             .or_else(|| {
                 let expired = entry.expired.as_deref()?;
-                verdict(expired).map(|v| (expired.id, expired.kind, &StoredOutcome::TimedOut, v))
+                verdict(expired).map(|v| (expired.kind, Err(EffectError::timed_out()), v))
             });
-        if let Some((id, kind, outcome, verdict)) = replay {
+        if let Some((kind, outcome, verdict)) = replay {
             verdict?;
             // The same id with the same input names the same node.
             let replay = ExecutorResult {
-                op: id,
+                op: op.id,
                 node: op.node.clone(),
                 kind,
-                outcome: outcome.outcome(),
+                outcome,
             };
             outbox.push_back(replay);
             counters.replayed += 1;
@@ -532,10 +586,7 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
         let result = in_flight.result(&expired, Err(EffectError::timed_out()));
         entry.settle();
         entry.expired = Some(Box::new(expired.clone()));
-        entry.completed = Some(Completed {
-            print: expired,
-            outcome: StoredOutcome::TimedOut,
-        });
+        entry.completed = Some(Completed::timed_out(expired));
         counters.expired += 1;
         Some(result)
     }
@@ -712,12 +763,15 @@ fn finish(shared: &Weak<Shared>, op: &Operation, outcome: Result<EffectOutput, E
         // The driver already folded a timeout (or moved on): drop the result.
         counters.late_dropped += 1;
     } else {
-        let stored = StoredOutcome::of(outcome);
-        outbox.push_back(in_flight.result(&running.print, stored.outcome()));
-        entry.completed = Some(Completed {
-            print: running.print,
-            outcome: stored,
+        let (id, kind) = (running.print.id, running.print.kind);
+        let completed = Completed::new(running.print, outcome);
+        outbox.push_back(ExecutorResult {
+            op: id,
+            node: in_flight.node.clone(),
+            kind,
+            outcome: completed.outcome(),
         });
+        entry.completed = Some(completed);
         counters.completed += 1;
         reported = true;
     }
