@@ -1719,13 +1719,13 @@ impl ClusterDriver {
                     NodeStage::New
                 };
                 let last = node.next_sequence.get().saturating_sub(1).max(1);
-                node.retry.ambiguous = Some(crate::state::AmbiguousOperation {
+                node.retry.ambiguous = Some(Box::new(crate::state::AmbiguousOperation {
                     op: OperationId::new(
                         node.attempt,
                         crate::id::OperationSequence::from_raw(last),
                     ),
                     kind: EffectKind::StartBootstrap,
-                });
+                }));
                 node.retry.next_effect_at = None;
                 report.sessions_restarted += 1;
             }

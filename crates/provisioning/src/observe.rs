@@ -336,7 +336,7 @@ fn fold_failure(
 
     if kind.adopts_after_ambiguity() {
         if error.is_ambiguous() {
-            node.retry.ambiguous = Some(AmbiguousOperation { op, kind });
+            node.retry.ambiguous = Some(Box::new(AmbiguousOperation { op, kind }));
         } else {
             // A definite failure means the provider looked for a resource of
             // this key, found none and created none.
@@ -388,10 +388,10 @@ fn fail_attempt(
     node.retry.last_error = Some(reason.clone());
     node.record.stage = NodeStage::Failed;
     node.record.ready = false;
-    node.record.failure = Some(FailureFacts {
+    node.record.failure = Some(Box::new(FailureFacts {
         reason,
         at: ctx.now,
-    });
+    }));
     Ok(())
 }
 

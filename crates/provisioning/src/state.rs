@@ -243,9 +243,10 @@ pub struct NodeRecord {
     /// When the handoff (bootstrap close after join) was folded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handed_off_at: Option<Timestamp>,
-    /// Why the attempt failed, if it did.
+    /// Why the attempt failed, if it did. Boxed: a record rarely holds one,
+    /// and the box keeps 24 bytes out of every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure: Option<FailureFacts>,
+    pub failure: Option<Box<FailureFacts>>,
     /// When cleanup finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destroyed_at: Option<Timestamp>,
@@ -321,8 +322,9 @@ pub struct RetryState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// An ambiguous create/start to re-issue before anything destructive.
+    /// Boxed: rarely set, and the box keeps 16 bytes out of every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ambiguous: Option<AmbiguousOperation>,
+    pub ambiguous: Option<Box<AmbiguousOperation>>,
 }
 
 /// One slot under management.

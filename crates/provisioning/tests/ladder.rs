@@ -232,10 +232,10 @@ fn row_5_a_pending_operation_waits_until_its_stored_deadline() {
 fn row_6_a_deleting_node_reissues_a_remembered_ambiguous_operation() {
     for kind in [EffectKind::CreateLease, EffectKind::StartBootstrap] {
         let mut n = deleting(at_stage(NodeStage::BootstrapRunning));
-        n.retry.ambiguous = Some(AmbiguousOperation {
+        n.retry.ambiguous = Some(Box::new(AmbiguousOperation {
             op: OperationId::new(attempt(), OperationSequence::FIRST),
             kind,
-        });
+        }));
         check(Some(&n), None, Rule::ReissueAmbiguous, dispatch(kind), None);
     }
 }
