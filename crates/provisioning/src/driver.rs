@@ -380,8 +380,9 @@ pub struct ClusterDriver {
     schedule: Schedule,
     status: PassStatus,
     counters: DriverCounters,
-    /// Nodes inserted by the open pass, merged into the state when it ends.
-    inserted: BTreeMap<LogicalNodeId, ManagedNode>,
+    /// Nodes inserted by the open pass, in slot order, merged into the state
+    /// when it ends.
+    inserted: Vec<(LogicalNodeId, ManagedNode)>,
     /// `Some` once [`ClusterDriver::track_changes`] was called.
     changes: Option<ChangeTracker>,
     limits: Limits,
@@ -415,7 +416,7 @@ impl ClusterDriver {
             schedule: Schedule::default(),
             status: PassStatus::Idle { queued: false },
             counters: DriverCounters::default(),
-            inserted: BTreeMap::new(),
+            inserted: Vec::new(),
             changes: None,
             limits: Limits::default(),
             limit_state: LimitState::default(),
@@ -1271,21 +1272,19 @@ impl ClusterDriver {
     }
 
     /// Adds the nodes inserted by this pass to the node map. Many at once
-    /// (a bring-up) are merged in one go, which leaves the map's nodes fully
-    /// packed; inserting them one by one in slot order would leave them half
-    /// empty and cost close to twice the memory.
+    /// (a bring-up) are merged in one go into a map built afresh: its nodes
+    /// are fully packed (inserting them one by one in slot order would leave
+    /// them half empty, close to twice the memory) and allocated one after
+    /// the other, in key order, so a full pass reads them as a stream.
     fn merge_inserted(&mut self) {
-        if self.inserted.len() >= BULK_MERGE_MIN.max(self.state.nodes.len() / 8) {
-            // `append` into an empty map would just swap the maps; seeding it
-            // with one node makes it rebuild the merged tree packed.
-            if self.state.nodes.is_empty() {
-                if let Some((id, node)) = self.inserted.pop_first() {
-                    self.state.nodes.insert(id, node);
-                }
-            }
-            self.state.nodes.append(&mut self.inserted);
+        let inserted = std::mem::take(&mut self.inserted);
+        if inserted.len() >= BULK_MERGE_MIN.max(self.state.nodes.len() / 8) {
+            // Both runs are sorted and their keys disjoint (a slot is
+            // inserted only while it has no node); the build sorts and
+            // deduplicates anyway, keeping the inserted node of a key.
+            let old = std::mem::take(&mut self.state.nodes);
+            self.state.nodes = old.into_iter().chain(inserted).collect();
         } else {
-            let inserted = std::mem::take(&mut self.inserted);
             self.state.nodes.extend(inserted);
         }
     }
@@ -1317,7 +1316,7 @@ impl ClusterDriver {
                 self.note_history(id, &node, now);
                 if action == NodeAction::Insert {
                     // Merged into the map at the end of the pass.
-                    self.inserted.insert(id.clone(), node);
+                    self.inserted.push((id.clone(), node));
                 } else {
                     self.state.nodes.insert(id.clone(), node);
                 }
