@@ -187,6 +187,10 @@ pub fn reconcile_node(
 }
 
 /// [`reconcile_node`], with the desired side as a [`SlotDesire`].
+///
+/// Inlined into the walks over every slot: called, it returned its decision
+/// through memory, and the caller's reads of it stalled on the store.
+#[inline(always)]
 pub(crate) fn decide_slot(
     node: Option<&ManagedNode>,
     desired: SlotDesire<'_>,

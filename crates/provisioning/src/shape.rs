@@ -93,11 +93,15 @@ pub struct SwarmJoinTemplate {
 /// The desired spec of one slot: its id, its run and its group's template.
 ///
 /// Cloning is cheap: the template is shared by every slot of the group.
+///
+/// The run and the template come first (`repr(C)`): a full pass compares
+/// them, and a node keeps its spec next to what else the pass reads.
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub struct LogicalNodeSpec {
-    id: LogicalNodeId,
     run_id: RunId,
     template: Arc<NodeTemplate>,
+    id: LogicalNodeId,
 }
 
 impl LogicalNodeSpec {
