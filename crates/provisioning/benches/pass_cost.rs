@@ -1,7 +1,8 @@
 //! Pass cost and large bring-up of the core, with an instant in-memory backend.
 //!
 //! Run with `cargo bench -p provisioning --bench pass_cost` (optionally
-//! `-- --quick` for 1k/10k only). Prints medians over repeated runs, and
+//! `-- --quick` for 1k/10k only; `-- --steady NODES PASSES` runs only
+//! forced full passes after one bring-up, for a profiler). Prints medians over repeated runs, and
 //! beside the pass cost its floor: a plain scan of a B-tree of as many
 //! node-sized records.
 
@@ -179,6 +180,19 @@ fn rss_kib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The calling thread's user plus system time in clock ticks (10 ms), which
+/// a preempted pass does not accrue: on a shared machine a steadier measure
+/// than wall time for long runs of passes.
+fn thread_cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) closed by ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
 fn steady_pass(setup: &mut BringUp, samples: usize) -> Duration {
     let now = Timestamp::from_millis(1);
     median(
@@ -264,6 +278,32 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--bring-up") {
         let n = args[i + 2].parse().expect("node count");
         bring_up_child(&args[i + 1], n);
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--steady") {
+        // For profilers: one batch bring-up, then only forced full passes.
+        let n = args[i + 1].parse().expect("node count");
+        let passes = args[i + 2].parse().expect("pass count");
+        let mut up = bring_up(n, Delivery::Batch);
+        if std::env::var_os("BENCH_REBUILD").is_some() {
+            let state = up.driver.state().clone();
+            up.driver = ClusterDriver::with_state(
+                up.driver.desired().clone(),
+                state,
+                RetryPolicy::default(),
+            );
+        }
+        let cpu_before = thread_cpu_ticks();
+        let pass = steady_pass(&mut up, passes);
+        let cpu = thread_cpu_ticks().zip(cpu_before).map(|(after, before)| {
+            // Clock ticks are 10 ms here; per pass and node in ns.
+            (after - before) as f64 * 1e7 / passes as f64 / f64::from(n)
+        });
+        println!(
+            "{n} nodes: median steady pass {:.1} ns/node wall, mean {:.1} ns/node on the CPU",
+            per_node(pass, n),
+            cpu.unwrap_or(f64::NAN)
+        );
         return;
     }
     let quick = args.iter().any(|a| a == "--quick");
