@@ -15,7 +15,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::decide::{
-    NodeAction, NodeDecision, Rule, Slot, Wake, decide_slot, reconcile_node, walk_slots,
+    NodeAction, NodeDecision, Rule, Slot, SlotDesire, Wake, decide_slot, reconcile_node, walk_slots,
 };
 use crate::durable::{
     ChangeSet, ChangeView, DURABLE_FORMAT, DurableEntry, DurableEntryRef, DurableMeta,
@@ -1172,10 +1172,31 @@ impl ClusterDriver {
                     selected.insert(id);
                 }
             }
+            let run_id = self.desired.run_id();
+            // Nearly every node a bring-up step selects has a decision:
+            // sized once instead of grown (and copied) a dozen times.
+            decisions.reserve_exact(selected.len());
             for id in selected {
-                let spec = self.desired.spec(&id);
                 let node = self.state.nodes.get(&id);
-                if let Some(decision) = reconcile_node(node, spec.as_ref(), now) {
+                // The slot's desired run and template, without building its
+                // spec (three shared handles cloned and dropped per node of
+                // a bring-up's every step): the id is the node's key, so only
+                // run and template are left to compare — unless the node's
+                // spec names another slot, which the built spec's comparison
+                // reports as drift.
+                let decision = if node.is_some_and(|n| n.spec.id() != &id) {
+                    reconcile_node(node, self.desired.spec(&id).as_ref(), now)
+                } else {
+                    let desire = match self.desired.groups().get(id.group()) {
+                        Some(group) if id.index() < group.count() => SlotDesire::Template {
+                            run_id,
+                            template: group.template(),
+                        },
+                        _ => SlotDesire::Undesired,
+                    };
+                    decide_slot(node, desire, now)
+                };
+                if let Some(decision) = decision {
                     evaluated += 1;
                     decisions.push((id, decision));
                 }
