@@ -382,3 +382,69 @@ fn an_operation_that_expired_before_it_started_never_reaches_the_backend() {
     // The attempt is free for the next operation.
     assert_eq!(exec.submit(create(1, 2)), Ok(Submitted::Started));
 }
+
+#[test]
+fn every_kind_of_outcome_replays_as_first_reported_and_a_changed_input_is_refused() {
+    // The ledger keeps payload-free outcomes without their payload and the
+    // others boxed: each must replay exactly as it was first reported.
+    let lease = provisioning::LeaseHandle("l".into());
+    let session = Some(provisioning::SessionHandle("s".into()));
+    let requests = [
+        EffectRequest::CreateLease,
+        EffectRequest::LookupEndpoint {
+            lease: lease.clone(),
+        },
+        EffectRequest::StartBootstrap {
+            lease: lease.clone(),
+            endpoint: provisioning::Endpoint("e".into()),
+        },
+        EffectRequest::BootstrapConvergenceObserved {
+            session: session.clone(),
+        },
+        EffectRequest::CancelBootstrap {
+            session: session.clone(),
+        },
+        EffectRequest::DestroyLease { lease },
+    ];
+    let (exec, spawner) = setup();
+    for (seq, request) in (1..).zip(requests) {
+        let operation = op(1, seq, request.clone());
+        assert_eq!(exec.submit(operation.clone()), Ok(Submitted::Started));
+        spawner.run_all(RunOrder::Fifo);
+        let first = exec.take_results();
+        assert_eq!(first.len(), 1, "{request:?}");
+        assert_eq!(first[0].outcome, success(&operation).outcome, "{request:?}");
+        assert_eq!(
+            exec.submit(operation),
+            Ok(Submitted::Replayed),
+            "{request:?}"
+        );
+        assert_eq!(exec.take_results(), first, "{request:?}");
+        let changed = op(1, seq, EffectRequest::CreateLease);
+        let changed = if request == EffectRequest::CreateLease {
+            op(1, seq, EffectRequest::CancelBootstrap { session: None })
+        } else {
+            changed
+        };
+        assert_eq!(
+            exec.submit(changed),
+            Err(SubmitError::ConflictingInput(OperationId::new(
+                NodeAttemptId::from_raw(1),
+                OperationSequence::from_raw(seq),
+            ))),
+            "{request:?}"
+        );
+    }
+    // An expired operation replays its timeout, the older id it keeps.
+    let held = op(1, 7, EffectRequest::CreateLease);
+    exec.submit(held.clone()).unwrap();
+    let expired = exec.expire(held.id).expect("in flight");
+    assert_eq!(expired.outcome, Err(EffectError::timed_out()));
+    assert_eq!(exec.submit(held.clone()), Ok(Submitted::AlreadyRunning));
+    // Its task ends without calling the backend (it expired first).
+    spawner.run_all(RunOrder::Fifo);
+    assert_eq!(exec.take_results(), Vec::new());
+    assert_eq!(exec.submit(held), Ok(Submitted::Replayed));
+    assert_eq!(exec.take_results(), vec![expired]);
+    assert_eq!(exec.backend().calls.lock().unwrap().len(), 6);
+}
