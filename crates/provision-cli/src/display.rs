@@ -481,7 +481,7 @@ mod tests {
             phase: HostPhase::Running,
             uptime_ms: 0,
             groups: Vec::new(),
-            nodes: vec![node("web-0", "web", true, true)],
+            nodes: vec![node("web-0", "web", true, true)].into(),
             durability: None,
         };
         let mut seen = BTreeMap::new();
@@ -535,7 +535,8 @@ mod tests {
                 node("web-3", "web", true, false),
                 node("db-0", "db", true, true),
                 node("db-1", "db", false, true),
-            ],
+            ]
+            .into(),
             durability: None,
         };
         let head = header(&snapshot);

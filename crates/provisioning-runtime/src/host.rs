@@ -16,15 +16,20 @@
 //! snapshot when one is due and re-arms the timer.
 //!
 //! # Publishing
-//! A snapshot lists every node, so building one is O(nodes). The loop builds
-//! one only when something changed since the last (the driver's change
-//! tracker says so, or the phase or the orphan bookkeeping moved), and at
-//! most once per [`publish_interval`]: ten times the cost of the last build,
-//! capped at [`PUBLISH_INTERVAL_MAX`]. A small cluster publishes after every
-//! wake as before; a large one spends at most about a tenth of its time
-//! publishing, and a change held back is published when the interval ends
-//! (the loop arms a timer for it), so a subscriber is never more than
-//! [`PUBLISH_INTERVAL_MAX`] behind. Status queries always build a fresh one.
+//! A snapshot lists every node. The loop keeps a progress view
+//! ([`crate::status`]) with every node's status, brought up to date only for
+//! the nodes the driver's change tracker names (one status built per changed
+//! node and snapshot; the whole view after a new desired generation), and a
+//! snapshot shares the view's node statuses, so assembling one copies a
+//! pointer per node. The loop publishes only when something changed since
+//! the last (the change tracker says so, or the phase or the orphan
+//! bookkeeping moved), and at most once per [`publish_interval`]: ten times
+//! what assembling the last one cost, capped at [`PUBLISH_INTERVAL_MAX`]. A
+//! small cluster publishes after every wake; a large one spends at most about
+//! a tenth of its time assembling snapshots, and a change held back is
+//! published when the interval ends (the loop arms a timer for it), so a
+//! subscriber is never more than [`PUBLISH_INTERVAL_MAX`] behind. Status
+//! queries always build a fresh, whole one (with the nodes' histories).
 //!
 //! # Shutdown
 //! A graceful shutdown applies an empty shape at the next generation and
@@ -57,7 +62,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::durable::{Durability, DurabilityError, OrphanReport, Orphans, list_all, owned};
 use crate::plan::{PlanReport, plan_against};
 use crate::spawner::TokioSpawner;
-use crate::status::{DurabilityStatus, HostPhase, StatusSnapshot};
+use crate::status::{DurabilityStatus, HostPhase, Progress, StatusSnapshot};
 
 /// The default period of the safety tick that forces a full pass. Progress
 /// never depends on it; it only bounds how long a lost wake-up can stall.
@@ -677,6 +682,7 @@ impl Host {
             durable,
             status_dirty: true,
             stage_gauges: std::sync::Mutex::default(),
+            view: Progress::default(),
             published_at: None,
             publish_cost: Duration::ZERO,
         };
@@ -750,10 +756,14 @@ struct HostLoop {
     status_dirty: bool,
     /// When the last snapshot was published.
     published_at: Option<Instant>,
-    /// What building the last published snapshot cost.
+    /// What assembling the last published snapshot cost (from a view
+    /// already up to date).
     publish_cost: Duration,
     /// The (group, stage) gauges set by the last published snapshot.
     stage_gauges: std::sync::Mutex<BTreeSet<(String, String)>>,
+    /// What progress snapshots are built from, kept up to date per changed
+    /// node.
+    view: Progress,
 }
 
 /// The journal side of a durable host loop.
@@ -771,11 +781,17 @@ struct DurableLoop {
 impl DurableLoop {
     /// Commits the driver's changes; on failure nothing of this drive may
     /// be submitted.
-    fn commit(&mut self, driver: &mut ClusterDriver, now: Timestamp) -> Result<(), String> {
+    fn commit(
+        &mut self,
+        driver: &mut ClusterDriver,
+        now: Timestamp,
+        view: &mut Progress,
+    ) -> Result<(), String> {
         let changes = driver.take_change_view(now);
         if changes.is_empty() {
             return Ok(());
         }
+        view.note_changes(&changes);
         let encoded = self.codec.encode_view(&changes);
         drop(changes);
         let outcome = encoded
@@ -791,6 +807,7 @@ impl DurableLoop {
                 // The changes are lost from the tracker; a full rewrite of
                 // what may be missing follows the next successful commit.
                 driver.track_changes();
+                view.invalidate();
                 if self.journal_error.as_deref() != Some(error.as_str()) {
                     tracing::error!(
                         "the state journal could not be written; nothing is submitted until it can: {error}"
@@ -963,10 +980,12 @@ impl HostLoop {
                     }
                     Err(error) => tracing::warn!("reconcile pass failed: {error}"),
                 }
-                // Nothing is journaled: the changes only say a snapshot is due.
-                if self.driver.has_changes() {
+                // Nothing is journaled: the changes only say a snapshot is
+                // due, and which nodes it must show anew.
+                let (nodes, other) = self.driver.take_changed_nodes();
+                if other || !nodes.is_empty() {
                     self.status_dirty = true;
-                    self.driver.discard_changes();
+                    self.view.note_nodes(nodes);
                 }
             }
             Some(durable) => {
@@ -985,7 +1004,7 @@ impl HostLoop {
                 }
                 // G27: the drive's changes, its dispatches among them, are
                 // durable before any of its operations reaches a provider.
-                let committed = durable.commit(&mut self.driver, now);
+                let committed = durable.commit(&mut self.driver, now, &mut self.view);
                 for attempt in batch.retired {
                     executor.retire(attempt);
                 }
@@ -1014,18 +1033,22 @@ impl HostLoop {
         Next::Continue
     }
 
-    fn snapshot(&self) -> StatusSnapshot {
-        self.snapshot_with(false)
+    /// A progress snapshot, from the view kept up to date per changed node.
+    fn snapshot(&mut self) -> StatusSnapshot {
+        let uptime = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let snapshot = self.view.snapshot(&self.driver, self.phase, uptime);
+        self.with_durability(snapshot)
     }
 
-    /// A snapshot, with the nodes' histories when `history`.
-    fn snapshot_with(&self, history: bool) -> StatusSnapshot {
+    /// A fresh snapshot built whole, with the nodes' histories (what a
+    /// status query answers).
+    fn fresh_snapshot(&self) -> StatusSnapshot {
         let uptime = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let mut snapshot = if history {
-            StatusSnapshot::with_history(&self.driver, self.phase, uptime)
-        } else {
-            StatusSnapshot::of(&self.driver, self.phase, uptime)
-        };
+        let snapshot = StatusSnapshot::with_history(&self.driver, self.phase, uptime);
+        self.with_durability(snapshot)
+    }
+
+    fn with_durability(&self, mut snapshot: StatusSnapshot) -> StatusSnapshot {
         snapshot.durability = self.durable.as_ref().map(|d| {
             let stats = d.journal.stats();
             DurabilityStatus {
@@ -1172,14 +1195,27 @@ impl HostLoop {
         if now < due {
             return;
         }
-        self.publish();
-        self.publish_cost = now.elapsed();
+        // Bringing the view up to date costs the nodes changed since the
+        // last snapshot (each changed node is built once per snapshot at
+        // most): work in proportion to the loop's own, not counted in the
+        // interval. What a snapshot costs beyond it (a pointer per node, the
+        // groups, the metrics) is.
+        self.view.update(&self.driver);
+        let assembling = Instant::now();
+        let replaced = self.publish();
+        self.publish_cost = assembling.elapsed();
+        // Frees the statuses of the nodes that changed since (per-change
+        // work again).
+        drop(replaced);
         self.published_at = Some(now);
         self.status_dirty = false;
     }
 
-    fn publish(&self) {
-        let fresh = self.snapshot();
+    /// Publishes a snapshot; returns the one it replaced (or the fresh one,
+    /// when nothing it shows changed), for the caller to drop outside the
+    /// channel's lock.
+    fn publish(&mut self) -> StatusSnapshot {
+        let mut fresh = self.snapshot();
         if self.config.metrics {
             let mut previous = self
                 .stage_gauges
@@ -1190,10 +1226,11 @@ impl HostLoop {
         self.progress.send_if_modified(|current| {
             let changed = fresh.differs_from(current);
             if changed {
-                *current = fresh;
+                std::mem::swap(current, &mut fresh);
             }
             changed
         });
+        fresh
     }
 
     fn fold_one_observation(&mut self, observation: &Observation) {
@@ -1216,7 +1253,7 @@ impl HostLoop {
                 let _ = reply.send(outcome);
             }
             Command::Status { reply } => {
-                let _ = reply.send(self.snapshot_with(true));
+                let _ = reply.send(self.fresh_snapshot());
             }
             Command::Plan {
                 run_id,
@@ -1361,7 +1398,7 @@ impl HostLoop {
                 u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
             );
             let clean = outcome == ShutdownOutcome::Clean && self.driver.state().nodes.is_empty();
-            let committed = durable.commit(&mut self.driver, now);
+            let committed = durable.commit(&mut self.driver, now, &mut self.view);
             if clean && committed.is_ok() {
                 match durable.journal.mark_clean() {
                     Ok(()) => tracing::info!("state marked clean"),

@@ -29,5 +29,6 @@ pub use host::{
 pub use plan::{ChangeKind, PlanReport, PlannedChange, PlannedStep, plan_against};
 pub use spawner::TokioSpawner;
 pub use status::{
-    DurabilityStatus, GroupStatus, HostPhase, NodeStatus, StatusSnapshot, TransitionStatus,
+    DurabilityStatus, GroupStatus, HostPhase, NodeIter, NodeList, NodeStatus, StatusSnapshot,
+    TransitionStatus,
 };

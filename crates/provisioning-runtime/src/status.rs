@@ -6,11 +6,20 @@
 //! [`publish_interval`](crate::host::publish_interval) (never holding a change
 //! back longer than [`PUBLISH_INTERVAL_MAX`](crate::host::PUBLISH_INTERVAL_MAX)),
 //! and answers status queries with a fresh one.
+//!
+//! The nodes of a snapshot are shared ([`NodeList`] holds each
+//! [`NodeStatus`] behind an `Arc`), so the host keeps its progress view up to
+//! date one changed node at a time ([`Progress`]) and a published snapshot
+//! copies pointers, not nodes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
 
-use provisioning::{ClusterDriver, Intent, LogicalNodeId, ManagedNode};
-use serde::{Deserialize, Serialize};
+use provisioning::{
+    ChangeView, ClusterDriver, Generation, GroupId, Intent, LogicalNodeId, ManagedNode, Timestamp,
+};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Where the host is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,11 +64,125 @@ pub struct StatusSnapshot {
     /// One entry per desired group, in name order.
     pub groups: Vec<GroupStatus>,
     /// One entry per managed node, in slot order.
-    pub nodes: Vec<NodeStatus>,
+    pub nodes: NodeList,
     /// The journal and orphan collection, when the host keeps durable state.
     #[serde(default)]
     pub durability: Option<DurabilityStatus>,
 }
+
+/// The nodes of a [`StatusSnapshot`], in slot order.
+///
+/// Reads like a slice of [`NodeStatus`] (`iter`, `len`, `get`, indexing,
+/// `for node in &list`) and serialises as a plain sequence; each node is
+/// shared between the snapshots that show it unchanged, so cloning a list
+/// copies pointers. Writing through an index copies that one node first when
+/// another snapshot shares it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct NodeList(Vec<Arc<NodeStatus>>);
+
+impl NodeList {
+    /// How many nodes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is no node.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The node at `index`.
+    pub fn get(&self, index: usize) -> Option<&NodeStatus> {
+        self.0.get(index).map(Arc::as_ref)
+    }
+
+    /// The nodes, in slot order.
+    pub fn iter(&self) -> NodeIter<'_> {
+        NodeIter(self.0.iter())
+    }
+
+    /// Appends `node`.
+    pub fn push(&mut self, node: NodeStatus) {
+        self.0.push(Arc::new(node));
+    }
+}
+
+impl fmt::Debug for NodeList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl std::ops::Index<usize> for NodeList {
+    type Output = NodeStatus;
+
+    fn index(&self, index: usize) -> &NodeStatus {
+        &self.0[index]
+    }
+}
+
+impl std::ops::IndexMut<usize> for NodeList {
+    fn index_mut(&mut self, index: usize) -> &mut NodeStatus {
+        Arc::make_mut(&mut self.0[index])
+    }
+}
+
+impl From<Vec<NodeStatus>> for NodeList {
+    fn from(nodes: Vec<NodeStatus>) -> Self {
+        nodes.into_iter().collect()
+    }
+}
+
+impl FromIterator<NodeStatus> for NodeList {
+    fn from_iter<I: IntoIterator<Item = NodeStatus>>(nodes: I) -> Self {
+        NodeList(nodes.into_iter().map(Arc::new).collect())
+    }
+}
+
+impl<'a> IntoIterator for &'a NodeList {
+    type Item = &'a NodeStatus;
+    type IntoIter = NodeIter<'a>;
+
+    fn into_iter(self) -> NodeIter<'a> {
+        self.iter()
+    }
+}
+
+impl Serialize for NodeList {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<NodeStatus>::deserialize(deserializer).map(NodeList::from)
+    }
+}
+
+/// The nodes of a [`NodeList`], in slot order.
+#[derive(Clone, Debug)]
+pub struct NodeIter<'a>(std::slice::Iter<'a, Arc<NodeStatus>>);
+
+impl<'a> Iterator for NodeIter<'a> {
+    type Item = &'a NodeStatus;
+
+    fn next(&mut self) -> Option<&'a NodeStatus> {
+        self.0.next().map(Arc::as_ref)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for NodeIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.0.next_back().map(Arc::as_ref)
+    }
+}
+
+impl ExactSizeIterator for NodeIter<'_> {}
 
 /// What a host that keeps durable state reports about it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,7 +284,6 @@ impl StatusSnapshot {
     }
 
     fn build(driver: &ClusterDriver, phase: HostPhase, uptime_ms: u64, history: bool) -> Self {
-        let now = provisioning::Timestamp::from_millis(uptime_ms);
         let desired = driver.desired();
         let state = driver.state();
         let mut ready_by_group: BTreeMap<&str, u32> = BTreeMap::new();
@@ -187,26 +309,12 @@ impl StatusSnapshot {
                         })
                         .collect();
                 }
-                status
+                Arc::new(status)
             })
             .collect();
-        let groups = desired
-            .groups()
-            .iter()
-            .map(|(id, group)| GroupStatus {
-                id: id.to_string(),
-                provider: group.template().provider.clone(),
-                desired: group.count(),
-                ready: ready_by_group.get(id.as_str()).copied().unwrap_or(0),
-                paused: driver.open_breaker(id, now).map(|b| {
-                    format!(
-                        "group {id} paused after {} failed attempts: {}",
-                        b.consecutive_failures,
-                        b.last_error.as_deref().unwrap_or("no reason recorded")
-                    )
-                }),
-            })
-            .collect();
+        let groups = group_statuses(driver, uptime_ms, |id| {
+            ready_by_group.get(id.as_str()).copied().unwrap_or(0)
+        });
         StatusSnapshot {
             run_id: driver.run_id().to_string(),
             generation: desired.generation().get(),
@@ -215,7 +323,7 @@ impl StatusSnapshot {
             phase,
             uptime_ms,
             groups,
-            nodes,
+            nodes: NodeList(nodes),
             durability: None,
         }
     }
@@ -245,6 +353,221 @@ impl StatusSnapshot {
             || self.groups != other.groups
             || self.nodes != other.nodes
             || self.durability != other.durability
+    }
+}
+
+/// One entry per desired group, in name order, with the ready count
+/// `ready` gives for each.
+fn group_statuses(
+    driver: &ClusterDriver,
+    uptime_ms: u64,
+    ready: impl Fn(&GroupId) -> u32,
+) -> Vec<GroupStatus> {
+    let now = Timestamp::from_millis(uptime_ms);
+    driver
+        .desired()
+        .groups()
+        .iter()
+        .map(|(id, group)| GroupStatus {
+            id: id.to_string(),
+            provider: group.template().provider.clone(),
+            desired: group.count(),
+            ready: ready(id),
+            paused: driver.open_breaker(id, now).map(|b| {
+                format!(
+                    "group {id} paused after {} failed attempts: {}",
+                    b.consecutive_failures,
+                    b.last_error.as_deref().unwrap_or("no reason recorded")
+                )
+            }),
+        })
+        .collect()
+}
+
+/// The host's progress view: every node's status, brought up to date one
+/// changed node at a time, and the counts a snapshot shows, so that a
+/// progress snapshot costs the nodes that changed since the last one plus a
+/// pointer per node, not a status built per node.
+///
+/// # Assumptions
+/// Every change of a node a [`NodeStatus`] shows reaches
+/// [`Progress::note_changes`] (the driver's change tracker records every
+/// change of a node's durable form, which holds every field shown), and a
+/// node's `desired` flag changes only with the desired generation (a new
+/// generation rebuilds the whole view).
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    nodes: BTreeMap<LogicalNodeId, Arc<NodeStatus>>,
+    /// Nodes changed since the view was last brought up to date.
+    changed: BTreeSet<LogicalNodeId>,
+    /// The desired generation the view was built against; `None` until the
+    /// first build, and after [`Progress::invalidate`].
+    generation: Option<Generation>,
+    counts: Counts,
+}
+
+/// What a [`Progress`] view counts over its nodes.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Per group: desired slots holding a ready node with the desired spec.
+    ready: BTreeMap<GroupId, u32>,
+    /// Nodes desired with their spec, ready, with no operation pending: all
+    /// of them are, whenever the driver is converged.
+    settled: usize,
+}
+
+impl Counts {
+    fn add(&mut self, id: &LogicalNodeId, status: &NodeStatus) {
+        if !(status.desired && status.ready) {
+            return;
+        }
+        match self.ready.get_mut(id.group()) {
+            Some(ready) => *ready = ready.saturating_add(1),
+            None => {
+                self.ready.insert(id.group().clone(), 1);
+            }
+        }
+        if status.pending.is_none() {
+            self.settled = self.settled.saturating_add(1);
+        }
+    }
+
+    fn remove(&mut self, id: &LogicalNodeId, status: &NodeStatus) {
+        if !(status.desired && status.ready) {
+            return;
+        }
+        if let Some(ready) = self.ready.get_mut(id.group()) {
+            *ready = ready.saturating_sub(1);
+        }
+        if status.pending.is_none() {
+            self.settled = self.settled.saturating_sub(1);
+        }
+    }
+}
+
+impl Progress {
+    /// Notes the nodes `changes` names (inserted, changed or removed).
+    pub(crate) fn note_changes(&mut self, changes: &ChangeView<'_>) {
+        if self.generation.is_none() {
+            // A whole build comes next anyway.
+            return;
+        }
+        for entry in &changes.upserts {
+            if !self.changed.contains(entry.node.node) {
+                self.changed.insert(entry.node.node.clone());
+            }
+        }
+        for id in &changes.removed {
+            self.changed.insert(id.clone());
+        }
+    }
+
+    /// Notes the nodes in `changed` (inserted, changed or removed).
+    pub(crate) fn note_nodes(&mut self, mut changed: BTreeSet<LogicalNodeId>) {
+        if self.generation.is_none() {
+            return;
+        }
+        if self.changed.is_empty() {
+            self.changed = changed;
+        } else {
+            self.changed.append(&mut changed);
+        }
+    }
+
+    /// Forgets the view: the next snapshot builds it whole.
+    pub(crate) fn invalidate(&mut self) {
+        self.generation = None;
+        self.changed.clear();
+    }
+
+    /// A snapshot of `driver` as [`StatusSnapshot::of`] builds it, from the
+    /// view brought up to date first.
+    pub(crate) fn snapshot(
+        &mut self,
+        driver: &ClusterDriver,
+        phase: HostPhase,
+        uptime_ms: u64,
+    ) -> StatusSnapshot {
+        self.update(driver);
+        let desired = driver.desired();
+        let state = driver.state();
+        let desired_count = desired.node_count();
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        // Converged implies every node settled and one node per desired
+        // slot, so the driver's own O(nodes) check runs only when the
+        // counts allow it.
+        let converged = state.observed_generation == Some(desired.generation())
+            && count(self.nodes.len()) == desired_count
+            && count(self.counts.settled) == desired_count
+            && driver.is_converged();
+        let groups = group_statuses(driver, uptime_ms, |id| {
+            self.counts.ready.get(id).copied().unwrap_or(0)
+        });
+        StatusSnapshot {
+            run_id: driver.run_id().to_string(),
+            generation: desired.generation().get(),
+            observed_generation: state.observed_generation.map(|g| g.get()),
+            converged,
+            phase,
+            uptime_ms,
+            groups,
+            nodes: NodeList(self.nodes.values().cloned().collect()),
+            durability: None,
+        }
+    }
+
+    /// Brings the view up to date with `driver`: builds the status of each
+    /// node changed since the last update (the whole view after a new
+    /// desired generation, or when most nodes changed).
+    pub(crate) fn update(&mut self, driver: &ClusterDriver) {
+        let generation = driver.desired().generation();
+        if self.generation != Some(generation) {
+            self.rebuild(driver);
+            return;
+        }
+        if self.changed.len() > self.nodes.len() / 2 {
+            // Most nodes changed: building the view whole is cheaper.
+            self.rebuild(driver);
+            return;
+        }
+        let desired = driver.desired();
+        let nodes = &driver.state().nodes;
+        for id in std::mem::take(&mut self.changed) {
+            let fresh = nodes.get(&id).map(|node| {
+                let status = node_status(&id, node, desired.is_desired_spec(&node.spec));
+                self.counts.add(&id, &status);
+                Arc::new(status)
+            });
+            match (self.nodes.get_mut(&id), fresh) {
+                (Some(shown), Some(fresh)) => {
+                    self.counts.remove(&id, shown);
+                    *shown = fresh;
+                }
+                (Some(_), None) => {
+                    if let Some(old) = self.nodes.remove(&id) {
+                        self.counts.remove(&id, &old);
+                    }
+                }
+                (None, Some(fresh)) => {
+                    self.nodes.insert(id, fresh);
+                }
+                (None, None) => {}
+            }
+        }
+    }
+
+    fn rebuild(&mut self, driver: &ClusterDriver) {
+        let desired = driver.desired();
+        self.changed.clear();
+        self.counts = Counts::default();
+        let mut nodes = BTreeMap::new();
+        for (id, node) in &driver.state().nodes {
+            let status = node_status(id, node, desired.is_desired_spec(&node.spec));
+            self.counts.add(id, &status);
+            nodes.insert(id.clone(), Arc::new(status));
+        }
+        self.nodes = nodes;
+        self.generation = Some(desired.generation());
     }
 }
 
@@ -294,6 +617,47 @@ fn node_status(id: &LogicalNodeId, node: &ManagedNode, desired: bool) -> NodeSta
 #[cfg(test)]
 mod tests {
     use provisioning::{GroupId, LogicalNodeId};
+
+    use super::{NodeList, NodeStatus};
+
+    fn node(id: &str, stage: &str) -> NodeStatus {
+        NodeStatus {
+            id: id.to_owned(),
+            group: "g".to_owned(),
+            attempt: 1,
+            stage: stage.to_owned(),
+            ready: false,
+            deleting: false,
+            desired: true,
+            pending: None,
+            endpoint: None,
+            consecutive_failures: 0,
+            last_error: None,
+            history: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_node_list_serialises_as_a_plain_sequence_and_reads_back_equal() {
+        let list = NodeList::from(vec![node("g-0", "new"), node("g-1", "dormant")]);
+        let json = serde_json::to_value(&list).unwrap();
+        let plain = serde_json::to_value(vec![node("g-0", "new"), node("g-1", "dormant")]).unwrap();
+        assert_eq!(json, plain);
+        let back: NodeList = serde_json::from_value(json).unwrap();
+        assert_eq!(back, list);
+        let ids: Vec<&str> = back.iter().rev().map(|n| n.id.as_str()).collect();
+        assert_eq!(ids, ["g-1", "g-0"]);
+    }
+
+    #[test]
+    fn writing_through_an_index_leaves_a_shared_copy_unchanged() {
+        let shared = NodeList::from(vec![node("g-0", "new")]);
+        let mut written = shared.clone();
+        written[0].stage = "failed".to_owned();
+        assert_eq!(shared[0].stage, "new");
+        assert_eq!(written.get(0).map(|n| n.stage.as_str()), Some("failed"));
+        assert_ne!(shared, written);
+    }
 
     #[test]
     fn node_names_are_what_the_ids_display() {

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use provisioning::{DesiredUpdate, DriverError, Generation, RunId};
 use provisioning_runtime::{
-    AppliedRevision, ChangeKind, Host, HostError, PluginEntry, ShutdownOutcome,
+    AppliedRevision, ChangeKind, Host, HostError, HostHandle, NodeStatus, PluginEntry,
+    ShutdownOutcome, StatusSnapshot,
 };
 
 fn start(plugin: &Arc<FakePlugin>) -> Host {
@@ -421,4 +422,87 @@ async fn a_host_started_outside_a_runtime_is_an_error_not_a_panic() {
     .join()
     .expect("no panic");
     assert!(matches!(outcome, Err(HostError::NoRuntime)));
+}
+
+/// What a progress snapshot and a fresh status must agree on: everything
+/// but the uptime and the nodes' histories (progress carries none).
+fn shown(snapshot: &StatusSnapshot) -> StatusSnapshot {
+    let mut shown = snapshot.clone();
+    shown.uptime_ms = 0;
+    shown.nodes = snapshot
+        .nodes
+        .iter()
+        .map(|n| NodeStatus {
+            history: Vec::new(),
+            ..n.clone()
+        })
+        .collect();
+    shown
+}
+
+/// Waits until the published progress satisfies `done`, then checks it
+/// against a fresh status built whole.
+async fn progress_agrees_with_status(
+    handle: &HostHandle,
+    what: &str,
+    done: impl Fn(&StatusSnapshot) -> bool,
+) -> StatusSnapshot {
+    let mut progress = handle.subscribe();
+    let seen = tokio::time::timeout(WAIT_BOUND, progress.wait_for(|s| done(s)))
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+        .expect("host alive")
+        .clone();
+    let fresh = handle.status().await;
+    assert_eq!(shown(&seen), shown(&fresh), "{what}");
+    seen
+}
+
+#[tokio::test(start_paused = true)]
+async fn progress_kept_up_per_changed_node_matches_a_fresh_status_after_every_change() {
+    let plugin = Arc::new(FakePlugin::default());
+    let host = start(&plugin);
+    let handle = host.handle();
+    handle
+        .apply(shape(1, vec![group("a", 3, "x"), group("b", 2, "y")]))
+        .await
+        .unwrap();
+    let before = progress_agrees_with_status(&handle, "convergence", converged_at(1)).await;
+    assert_eq!(before.ready_count(), 5);
+    let old = attempts(&before)["a-1"];
+
+    plugin.kill("a-1");
+    let replaced = progress_agrees_with_status(&handle, "replacement", |s| {
+        s.converged && attempts(s).get("a-1").is_some_and(|a| *a > old)
+    })
+    .await;
+    assert_eq!(attempts(&replaced)["a-0"], attempts(&before)["a-0"]);
+
+    // Scale a down and drift b in one generation.
+    handle
+        .apply(shape(2, vec![group("a", 1, "x"), group("b", 2, "y2")]))
+        .await
+        .unwrap();
+    let after = progress_agrees_with_status(&handle, "scale-down and drift", |s| {
+        converged_at(2)(s) && s.nodes.len() == 3
+    })
+    .await;
+    assert!(after.nodes.iter().all(|n| n.ready && n.desired));
+    assert!(attempts(&after)["b-0"] > attempts(&before)["b-0"]);
+
+    // Scale up again within the same view (a new generation, more nodes).
+    handle
+        .apply(shape(3, vec![group("a", 4, "x"), group("b", 2, "y2")]))
+        .await
+        .unwrap();
+    let grown = progress_agrees_with_status(&handle, "scale-up", |s| {
+        converged_at(3)(s) && s.ready_count() == 6
+    })
+    .await;
+    assert_eq!(grown.nodes.len(), 6);
+
+    let report = handle.shutdown().await;
+    assert_eq!(report.outcome, ShutdownOutcome::Clean);
+    let last = handle.subscribe().borrow().clone();
+    assert!(last.nodes.is_empty(), "{last:#?}");
 }

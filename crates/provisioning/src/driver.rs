@@ -1570,6 +1570,23 @@ impl ClusterDriver {
         }
     }
 
+    /// Takes the changes without building a change set: the ids of the
+    /// nodes inserted, changed or removed since the last one (moved out, in
+    /// slot order), and whether anything else changed (the meta or a
+    /// breaker). For a host that journals nothing and keeps its own view of
+    /// the nodes up to date; costs no work per changed node.
+    pub fn take_changed_nodes(&mut self) -> (BTreeSet<LogicalNodeId>, bool) {
+        let Some(tracker) = self.changes.as_mut() else {
+            return (BTreeSet::new(), false);
+        };
+        let breakers_changed = tracker.written_breakers != self.limit_state.breakers;
+        if breakers_changed {
+            tracker.written_breakers = self.limit_state.breakers.clone();
+        }
+        let meta = std::mem::replace(&mut tracker.meta, false) || breakers_changed;
+        (std::mem::take(&mut tracker.nodes), meta)
+    }
+
     /// Whether changes are waiting for [`ClusterDriver::take_changes`].
     pub fn has_changes(&self) -> bool {
         self.changes
