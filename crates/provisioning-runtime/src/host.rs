@@ -1205,8 +1205,10 @@ impl HostLoop {
         let replaced = self.publish();
         self.publish_cost = assembling.elapsed();
         // Frees the statuses of the nodes that changed since (per-change
-        // work again).
-        drop(replaced);
+        // work again), off the loop: another worker does it.
+        if !replaced.nodes.is_empty() {
+            tokio::spawn(async move { drop(replaced) });
+        }
         self.published_at = Some(now);
         self.status_dirty = false;
     }

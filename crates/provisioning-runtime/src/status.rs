@@ -533,23 +533,28 @@ impl Progress {
         let desired = driver.desired();
         let nodes = &driver.state().nodes;
         for id in std::mem::take(&mut self.changed) {
-            let fresh = nodes.get(&id).map(|node| {
-                let status = node_status(&id, node, desired.is_desired_spec(&node.spec));
-                self.counts.add(&id, &status);
-                Arc::new(status)
-            });
-            match (self.nodes.get_mut(&id), fresh) {
-                (Some(shown), Some(fresh)) => {
+            match (self.nodes.get_mut(&id), nodes.get(&id)) {
+                (Some(shown), Some(node)) => {
+                    let is_desired = desired.is_desired_spec(&node.spec);
+                    if shows(shown, node, is_desired) {
+                        // A change a snapshot does not show (a handle, a
+                        // sequence number): the shared status stays.
+                        continue;
+                    }
+                    let status = node_status(&id, node, is_desired);
                     self.counts.remove(&id, shown);
-                    *shown = fresh;
+                    self.counts.add(&id, &status);
+                    *shown = Arc::new(status);
                 }
                 (Some(_), None) => {
                     if let Some(old) = self.nodes.remove(&id) {
                         self.counts.remove(&id, &old);
                     }
                 }
-                (None, Some(fresh)) => {
-                    self.nodes.insert(id, fresh);
+                (None, Some(node)) => {
+                    let status = node_status(&id, node, desired.is_desired_spec(&node.spec));
+                    self.counts.add(&id, &status);
+                    self.nodes.insert(id, Arc::new(status));
                 }
                 (None, None) => {}
             }
@@ -595,6 +600,22 @@ fn node_name(id: &LogicalNodeId) -> String {
         name.push(char::from(digit));
     }
     name
+}
+
+/// Whether `status` already shows `node` as [`node_status`] would build it
+/// (the id and group are the slot's; compares every other field it sets).
+fn shows(status: &NodeStatus, node: &ManagedNode, desired: bool) -> bool {
+    status.attempt == node.attempt.get()
+        && status.stage == node.record.stage.name()
+        && status.ready == node.is_ready()
+        && status.deleting == (node.intent == Intent::Deleting)
+        && status.desired == desired
+        && status.pending.as_deref() == node.pending.as_ref().map(|p| p.kind.name())
+        && status.endpoint.as_deref()
+            == node.record.endpoint.as_ref().map(|e| e.endpoint.0.as_str())
+        && status.consecutive_failures == node.retry.consecutive_failures
+        && status.last_error == node.retry.last_error
+        && status.history.is_empty()
 }
 
 fn node_status(id: &LogicalNodeId, node: &ManagedNode, desired: bool) -> NodeStatus {
@@ -657,6 +678,51 @@ mod tests {
         assert_eq!(shared[0].stage, "new");
         assert_eq!(written.get(0).map(|n| n.stage.as_str()), Some("failed"));
         assert_ne!(shared, written);
+    }
+
+    #[test]
+    fn a_status_shows_its_node_until_a_field_it_shows_changes() {
+        use provisioning::state::RetryState;
+        use provisioning::{
+            Intent, LogicalNodeSpec, ManagedNode, NodeAttemptId, NodeStage, NodeTemplate, RunId,
+        };
+        let template = std::sync::Arc::new(NodeTemplate {
+            role: "worker".into(),
+            provider: "fake".into(),
+            shape: Default::default(),
+            boot: Default::default(),
+            swarm_join: Default::default(),
+        });
+        let id = LogicalNodeId::new(GroupId::new("g"), 3);
+        let spec = LogicalNodeSpec::new(id.clone(), RunId::new("r"), template);
+        let base = ManagedNode::new(spec, NodeAttemptId::from_raw(1), RetryState::default());
+        let shown = super::node_status(&id, &base, true);
+        assert!(super::shows(&shown, &base, true));
+        assert!(!super::shows(&shown, &base, false), "desired");
+        let mut unshown = base.clone();
+        unshown.next_sequence = unshown.next_sequence.next().unwrap();
+        assert!(
+            super::shows(&shown, &unshown, true),
+            "a sequence is not shown"
+        );
+        let changes: [fn(&mut ManagedNode); 6] = [
+            |n| n.attempt = NodeAttemptId::from_raw(2),
+            |n| n.record.stage = NodeStage::LeaseRequested,
+            |n| n.intent = Intent::Deleting,
+            |n| n.retry.consecutive_failures = 1,
+            |n| n.retry.last_error = Some("boom".into()),
+            |n| {
+                n.record.stage = NodeStage::Dormant;
+                n.record.ready = true;
+            },
+        ];
+        for (index, change) in changes.into_iter().enumerate() {
+            let mut changed = base.clone();
+            change(&mut changed);
+            assert!(!super::shows(&shown, &changed, true), "change {index}");
+            let rebuilt = super::node_status(&id, &changed, true);
+            assert!(super::shows(&rebuilt, &changed, true), "rebuilt {index}");
+        }
     }
 
     #[test]
