@@ -273,3 +273,66 @@ async fn nothing_is_submitted_while_the_journal_cannot_be_written() {
     assert_eq!(healed.durability.unwrap().journal_error, None);
     assert_eq!(handle.shutdown().await.outcome, ShutdownOutcome::Clean);
 }
+
+/// Waits until the published progress satisfies `done`, then checks that
+/// it shows what a fresh status shows.
+async fn progress_agrees(
+    handle: &HostHandle,
+    what: &str,
+    done: impl Fn(&provisioning_runtime::StatusSnapshot) -> bool,
+) -> provisioning_runtime::StatusSnapshot {
+    let mut progress = handle.subscribe();
+    let seen = tokio::time::timeout(WAIT_BOUND, progress.wait_for(|s| done(s)))
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+        .expect("host alive")
+        .clone();
+    let fresh = handle.status().await;
+    let shown = |s: &provisioning_runtime::StatusSnapshot| {
+        let nodes: Vec<_> = s
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut n = n.clone();
+                n.history.clear();
+                n
+            })
+            .collect();
+        (s.generation, s.converged, s.groups.clone(), nodes)
+    };
+    assert_eq!(shown(&seen), shown(&fresh), "{what}");
+    seen
+}
+
+/// A durable host keeps its progress view from the changes it journals:
+/// what it publishes agrees with a fresh status after each change.
+#[tokio::test(start_paused = true)]
+async fn a_durable_hosts_progress_agrees_with_a_fresh_status_after_each_change() {
+    let plugin = Arc::new(FakePlugin::default());
+    let store = MemoryStore::new(RUN).unwrap();
+    let host = durable_host(&plugin, &store, Duration::from_secs(30));
+    let handle = host.handle();
+    apply(
+        &handle,
+        vec![group("web", 3, "serve"), group("db", 1, "db")],
+    )
+    .await;
+    let first = progress_agrees(&handle, "convergence", |s| {
+        s.converged && s.ready_count() == 4
+    })
+    .await;
+    let old = first
+        .nodes
+        .iter()
+        .find(|n| n.id == "web-2")
+        .unwrap()
+        .attempt;
+    plugin.kill("web-2");
+    progress_agrees(&handle, "replacement", |s| {
+        s.converged && s.nodes.iter().any(|n| n.id == "web-2" && n.attempt > old)
+    })
+    .await;
+    apply(&handle, vec![group("web", 1, "serve")]).await;
+    progress_agrees(&handle, "scale-down", |s| s.converged && s.nodes.len() == 1).await;
+    assert_eq!(handle.shutdown().await.outcome, ShutdownOutcome::Clean);
+}
