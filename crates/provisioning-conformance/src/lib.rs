@@ -57,6 +57,7 @@ pub mod generate;
 pub mod guarantee;
 pub mod harness;
 pub mod journal;
+pub mod level3;
 mod oracle;
 pub mod plugin_fake;
 pub mod plugin_substrate;

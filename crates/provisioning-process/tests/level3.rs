@@ -30,14 +30,12 @@ mod level3;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use level3::{Defect, Level3, OsFaultCounts, ProcessSubstrate, contract_subject};
-use provisioning_conformance::battery::{ENV_SEED, ENV_TRACE, derive_seeds};
+use level3::{Defect, Level3, ProcessSubstrate, RUN_GONE_WAIT_MAX, contract_subject};
 use provisioning_conformance::contract::run_contract_suite;
-use provisioning_conformance::sqlite::SqliteKitJournal;
-use provisioning_conformance::{
-    Battery, BatteryReport, GuaranteeId, KitJournal, Mode, RunOptions, Trace, cluster_driver,
-    run_trace,
+use provisioning_conformance::level3::{
+    FaultCounts, Level3Battery, RunsGuard, describe, temp_sqlite_journal,
 };
+use provisioning_conformance::{GuaranteeId, Mode, RunOptions, Trace, cluster_driver, run_trace};
 use provisioning_process::os;
 
 /// The base from which Level 3 derives its seeds.
@@ -48,9 +46,6 @@ const LEVEL3_SEED_COUNT: usize = 16;
 
 /// Evaluations spent shrinking a failure: each one starts real processes.
 const LEVEL3_SHRINK_BUDGET: usize = 24;
-
-/// How long the final check waits for a run's processes to be gone.
-const RUN_GONE_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// A safety bound on the whole seam contract suite (real processes).
 const CONTRACT_SUITE_WAIT_MAX: Duration = Duration::from_secs(120);
@@ -105,24 +100,6 @@ const WRITTEN_TRACES: [&str; 7] = [
     "run fifo; run fifo; run fifo; crash; stream @0 joined",
 ];
 
-/// Kills every process of every run of `context` when dropped, so that a
-/// failing or panicking test leaves nothing behind.
-struct RunsGuard {
-    context: Arc<Level3>,
-}
-
-impl Drop for RunsGuard {
-    fn drop(&mut self) {
-        for run in self.context.runs() {
-            match os::kill_run(&run, RUN_GONE_WAIT_MAX) {
-                Ok(left) if left.is_empty() => {}
-                Ok(left) => eprintln!("run {run} left processes behind: {left:#?}"),
-                Err(error) => eprintln!("cannot clean up run {run}: {error}"),
-            }
-        }
-    }
-}
-
 /// Fails with the survivors when any run of `context` still has a process.
 fn assert_no_process_of_any_run(context: &Level3) {
     for run in context.runs() {
@@ -134,99 +111,44 @@ fn assert_no_process_of_any_run(context: &Level3) {
     }
 }
 
-fn written_traces() -> Vec<Trace> {
-    WRITTEN_TRACES
-        .iter()
-        .map(|text| text.parse().expect("the written Level 3 traces parse"))
-        .collect()
-}
-
-fn describe_faults(faults: &OsFaultCounts) -> String {
-    faults
-        .required()
-        .iter()
-        .map(|(name, count)| format!("{name} {count}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The kit's SQLite journal in a temporary directory of its own, removed
-/// with it.
-struct TempSqlite {
-    journal: SqliteKitJournal,
-    _dir: tempfile::TempDir,
-}
-
-impl KitJournal for TempSqlite {
-    fn name(&self) -> &str {
-        self.journal.name()
-    }
-
-    fn commit(&mut self, changes: &provisioning::ChangeSet) -> Result<(), String> {
-        self.journal.commit(changes)
-    }
-
-    fn load(&mut self) -> Result<Option<provisioning::DurableState>, String> {
-        self.journal.load()
-    }
-}
-
-fn sqlite_journal() -> Box<dyn KitJournal> {
-    let dir = tempfile::tempdir().expect("level 3 needs a temporary directory");
-    let journal = SqliteKitJournal::open(dir.path())
-        .unwrap_or_else(|error| panic!("the SQLite journal opens: {error}"));
-    Box::new(TempSqlite { journal, _dir: dir })
-}
-
-fn run_battery(context: &Arc<Level3>) -> BatteryReport {
-    let factory = {
-        let context = context.clone();
-        move || ProcessSubstrate::new(context.clone())
-    };
-    let battery = Battery::new("level 3 (ProcessPlugin, real processes)", factory)
-        .journal(sqlite_journal)
-        .seeds(derive_seeds(LEVEL3_SEED_BASE, LEVEL3_SEED_COUNT))
-        .traces(written_traces())
-        .shrink_budget(LEVEL3_SHRINK_BUDGET)
-        .max_failures(1)
-        .reproduce_with("cargo test -p provisioning-process --test level3")
-        .with_env_overrides()
-        .unwrap_or_else(|error| panic!("an environment override does not parse: {error}"));
-    battery.run()
+fn battery() -> Level3Battery {
+    Level3Battery::new(
+        "level 3 (ProcessPlugin, real processes)",
+        "cargo test -p provisioning-process --test level3",
+        LEVEL3_SEED_BASE,
+        LEVEL3_SEED_COUNT,
+        LEVEL3_SHRINK_BUDGET,
+    )
+    .journal(temp_sqlite_journal)
+    .written_traces(&WRITTEN_TRACES)
+    .unwrap_or_else(|error| panic!("{error}"))
 }
 
 #[test]
 fn level_3_battery_keeps_every_guarantee_with_real_processes_over_16_seeds_in_both_modes() {
     let context = Arc::new(Level3::new("battery", common::AGENT));
-    let _guard = RunsGuard {
-        context: context.clone(),
-    };
+    let _guard = RunsGuard::new(&context);
     let started = Instant::now();
-    let report = run_battery(&context);
+    let battery = battery();
+    let report = {
+        let context = context.clone();
+        battery.run(move || ProcessSubstrate::new(context.clone()))
+    }
+    .unwrap_or_else(|error| panic!("{error}"));
     let faults = context.faults();
     eprintln!("{report}");
     eprintln!(
         "operating-system faults applied: {}; {} runs in {:.1} s",
-        describe_faults(&faults),
+        describe(&faults.required()),
         context.runs().len(),
         started.elapsed().as_secs_f64()
     );
-    assert!(report.passed(), "{report}");
-    let never: Vec<&str> = faults
-        .required()
-        .iter()
-        .filter(|(_, count)| *count == 0)
-        .map(|(name, _)| *name)
-        .collect();
-    // One seed or one trace reaches what it reaches (the kit waives vacuity too).
-    let restricted = [ENV_SEED, ENV_TRACE]
-        .iter()
-        .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()));
-    assert!(
-        restricted || never.is_empty(),
-        "Level 3 never applied these operating-system faults: {never:?} ({})",
-        describe_faults(&faults)
-    );
+    if let Err(error) = battery.check(&report) {
+        panic!("{error}");
+    }
+    if let Err(error) = battery.check_faults(&faults.required()) {
+        panic!("{error}");
+    }
     let survivors = context.survivors();
     assert!(
         survivors.is_empty(),
@@ -239,9 +161,7 @@ fn level_3_battery_keeps_every_guarantee_with_real_processes_over_16_seeds_in_bo
 #[test]
 fn level_3_counts_live_processes_from_the_operating_system_not_from_the_plugin() {
     let context = Arc::new(Level3::new("defect", common::AGENT));
-    let _guard = RunsGuard {
-        context: context.clone(),
-    };
+    let _guard = RunsGuard::new(&context);
     let trace: Trace = SCALE_DOWN_TRACE.parse().expect("the trace parses");
     // A clean run of the same trace converges and leaks nothing.
     let clean = run_trace(
@@ -277,9 +197,7 @@ fn level_3_counts_live_processes_from_the_operating_system_not_from_the_plugin()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seam_contract_holds_for_the_process_plugin_with_real_faults() {
     let context = Arc::new(Level3::new("contract", common::AGENT));
-    let _guard = RunsGuard {
-        context: context.clone(),
-    };
+    let _guard = RunsGuard::new(&context);
     let suite = run_contract_suite(|| {
         let context = context.clone();
         async move { contract_subject(&context).await }

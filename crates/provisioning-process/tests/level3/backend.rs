@@ -33,7 +33,7 @@ use provisioning::executor::EffectBackend;
 use provisioning::spawn::BoxFuture;
 use provisioning::{
     BootParams, EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeSpec,
-    NodeAttemptId, NodeTemplate, Operation, OperationId, RunId,
+    NodeAttemptId, NodeTemplate, Operation, RunId,
 };
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
@@ -41,7 +41,7 @@ use provisioning_process::{PROVIDER_KIND, ProcessPlugin, os};
 use provisioning_provider::{PluginBackendAdapter, ProvisionPlugin};
 
 use super::os_faults::{self, AgentProgram, GATE_VERIFY_COMMAND, GATES_ENV, Gates, attempt_key};
-use super::shared::{Hang, Shared};
+use super::shared::{ProcessShared, Shared, Stopped};
 
 /// The workload every node runs once its boot gate passed.
 pub(crate) const WORKLOAD_COMMAND: &str = "exec sleep 3600";
@@ -107,29 +107,13 @@ struct HangRelease<'a> {
 
 impl Drop for HangRelease<'_> {
     fn drop(&mut self) {
-        if let Some(Hang {
+        if let Some(Stopped {
             key,
             pid: Some(pid),
-            ..
-        }) = self.backend.shared.end_hang(self.serial)
+        }) = self.backend.shared.end_stop(self.serial)
         {
             os_faults::continue_agent(&self.backend.world.run, &key, pid);
         }
-    }
-}
-
-/// Ends a held create's hang and its busy mark when its task ends.
-struct HeldCreate {
-    shared: Arc<Shared>,
-    serial: u64,
-    op: OperationId,
-}
-
-impl Drop for HeldCreate {
-    fn drop(&mut self) {
-        self.shared.end_hang(self.serial);
-        self.shared.lock().unmark_busy(self.op);
-        self.shared.notify();
     }
 }
 
@@ -283,21 +267,17 @@ impl ProcessBackend {
         real: &Operation,
         key: &ResourceKey,
     ) -> Result<EffectOutput, EffectError> {
-        let serial = self.shared.hang(key.clone(), real.id, None);
+        let serial = self.shared.hang_on(key.clone(), real.id, None);
         let adapter = self.adapter.clone();
         let shared = self.shared.clone();
         let operation = real.clone();
         let call = tokio::spawn(async move {
-            let _held = HeldCreate {
-                shared: shared.clone(),
-                serial,
-                op: operation.id,
-            };
+            let _held = shared.held(serial, operation.id);
             let deadline = Instant::now() + HOLD_WAIT_MAX;
             while !shared.released(serial) && Instant::now() < deadline {
                 tokio::time::sleep(HOLD_POLL_INTERVAL).await;
             }
-            shared.lock().mark_busy(operation.id);
+            shared.mark_busy(operation.id);
             adapter.execute(&operation).await
         });
         let outcome = call.await.unwrap_or_else(|error| {
@@ -401,7 +381,7 @@ impl ProcessBackend {
             // No running agent to stop: the call meets whatever is there.
             return self.adapter.execute(real).await;
         };
-        let serial = self.shared.hang(key.clone(), real.id, Some(pid));
+        let serial = self.shared.hang_on(key.clone(), real.id, Some(pid));
         let _release = HangRelease {
             backend: self,
             serial,

@@ -23,39 +23,35 @@ pub(crate) mod shared;
 pub(crate) mod substrate;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use provisioning::RunId;
-use provisioning_process::os::TaggedProcess;
+use provisioning_conformance::level3::{RunCleanup, Runs};
+use provisioning_process::os::{self, TaggedProcess};
 
 pub(crate) use backend::Defect;
 pub(crate) use contract::contract_subject;
 pub(crate) use shared::OsFaultCounts;
 pub(crate) use substrate::ProcessSubstrate;
 
-/// What one Level 3 test shares among its substrates: the agent binary, the
-/// runs it started, the faults they applied and what survived their teardown.
+/// How long cleaning up a run waits for its processes to be gone.
+pub(crate) const RUN_GONE_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// What one Level 3 test shares among its substrates: the agent binary, and
+/// the kit's registry of the runs it started, the faults they applied and
+/// what survived their teardown.
 #[derive(Debug)]
 pub(crate) struct Level3 {
-    name: String,
+    runs: Runs<OsFaultCounts>,
     agent_binary: PathBuf,
-    serial: AtomicU32,
-    runs: Mutex<Vec<RunId>>,
-    faults: Mutex<OsFaultCounts>,
-    survivors: Mutex<Vec<String>>,
 }
 
 impl Level3 {
     /// A context whose runs are named after `name` and this test process.
     pub(crate) fn new(name: &str, agent_binary: impl Into<PathBuf>) -> Self {
         Level3 {
-            name: name.to_owned(),
+            runs: Runs::new(name),
             agent_binary: agent_binary.into(),
-            serial: AtomicU32::new(0),
-            runs: Mutex::new(Vec::new()),
-            faults: Mutex::new(OsFaultCounts::default()),
-            survivors: Mutex::new(Vec::new()),
         }
     }
 
@@ -66,15 +62,7 @@ impl Level3 {
 
     /// A run id no other substrate (or test process) uses, registered.
     pub(crate) fn next_run(&self) -> RunId {
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let mut text = format!("l3-{}-{}-{serial}", std::process::id(), self.name);
-        text.truncate(63);
-        let run = RunId::new(text);
-        self.runs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(run.clone());
-        run
+        self.runs.next_run()
     }
 
     /// Records what a substrate did once it is torn down: the faults it
@@ -87,14 +75,7 @@ impl Level3 {
         outlived: &[TaggedProcess],
         unkillable: &[TaggedProcess],
     ) {
-        self.faults
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .add(faults);
-        let mut survivors = self
-            .survivors
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut survivors = Vec::new();
         if !outlived.is_empty() {
             survivors.push(format!(
                 "run {run}: {} process(es) outlived the plugin's shutdown and were killed: {outlived:?}",
@@ -107,26 +88,36 @@ impl Level3 {
                 unkillable.len()
             ));
         }
+        self.runs.finished(faults, survivors);
     }
 
     /// Every run started so far.
     pub(crate) fn runs(&self) -> Vec<RunId> {
-        self.runs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.runs.runs()
     }
 
     /// The operating-system faults applied by every finished substrate.
     pub(crate) fn faults(&self) -> OsFaultCounts {
-        *self.faults.lock().unwrap_or_else(PoisonError::into_inner)
+        self.runs.faults()
     }
 
     /// Processes that outlived a plugin's shutdown (each was then killed).
     pub(crate) fn survivors(&self) -> Vec<String> {
-        self.survivors
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.runs.survivors()
+    }
+}
+
+impl RunCleanup for Level3 {
+    fn runs(&self) -> Vec<RunId> {
+        self.runs.runs()
+    }
+
+    /// Kills every process of `run`.
+    fn clean_up(&self, run: &RunId) -> Option<String> {
+        match os::kill_run(run, RUN_GONE_WAIT_MAX) {
+            Ok(left) if left.is_empty() => None,
+            Ok(left) => Some(format!("processes {left:#?}")),
+            Err(error) => Some(format!("cannot clean up: {error}")),
+        }
     }
 }

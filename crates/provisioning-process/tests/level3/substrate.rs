@@ -30,12 +30,12 @@ use std::time::{Duration, Instant};
 
 use provisioning::effect::SessionHandle;
 use provisioning::observe::LossCause;
-use provisioning::spawn::{ManualSpawner, RunOrder, Spawner};
+use provisioning::spawn::{ManualSpawner, Spawner};
 use provisioning::state::BootstrapFailure;
 use provisioning::{LeaseHandle, LogicalNodeId, NodeAttemptId, Observation};
+use provisioning_conformance::level3::{WorkBounds, run_work};
 use provisioning_conformance::substrate::{
     CallRecord, Capabilities, LiveResources, ResourceKey, Substrate, SubstrateCounters,
-    run_manual_work,
 };
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
 use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig, os};
@@ -44,7 +44,7 @@ use provisioning_provider::{ObservationSink, PluginBackendAdapter, ProvisionPlug
 use super::Level3;
 use super::backend::{Defect, ProcessBackend, World};
 use super::os_faults::{self, AgentProgram, GateOpening, Gates, HELD_AGENT_NAME, SHELL};
-use super::shared::{GateState, Shared};
+use super::shared::{GateState, ProcessShared, Shared, new_shared};
 
 /// The grace between `SIGTERM` and `SIGKILL` when a node is destroyed.
 pub(crate) const STOP_GRACE: Duration = Duration::from_millis(200);
@@ -52,12 +52,17 @@ pub(crate) const STOP_GRACE: Duration = Duration::from_millis(200);
 /// How long running work waits for real I/O to finish.
 pub(crate) const WORK_QUIET_WAIT_MAX: Duration = Duration::from_secs(20);
 
-/// How often running work looks again while calls do I/O.
+/// How often running work looks again while calls do I/O (and an orphan's
+/// destroy looks whether its processes went).
 const WORK_POLL_INTERVAL: Duration = Duration::from_micros(500);
 
-/// The most rounds of polling one run of work makes (the wait bound divided
-/// by the poll interval, so that the time bound is the one that bites).
-const WORK_ROUNDS_MAX: usize = 40_000;
+/// How running work is bounded (the rounds are the wait bound divided by
+/// the poll interval, so that the time bound is the one that bites).
+const WORK: WorkBounds = WorkBounds {
+    quiet_wait_max: WORK_QUIET_WAIT_MAX,
+    poll_interval: WORK_POLL_INTERVAL,
+    rounds_max: 40_000,
+};
 
 /// How long an accepted session may take to reach its boot gate.
 const BOOT_CHECK_WAIT_MAX: Duration = Duration::from_secs(5);
@@ -149,7 +154,7 @@ impl ProcessSubstrate {
         let plugin = runtime
             .block_on(ProcessPlugin::start(config))
             .expect("the process plugin starts");
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(new_shared());
         let reporter = shared.clone();
         let sink = ObservationSink::new(move |observation| reporter.observe(observation));
         let adapter =
@@ -173,31 +178,22 @@ impl ProcessSubstrate {
         }
     }
 
-    /// Polls ready work in `order` until no call does I/O and nothing is
-    /// ready (calls hung on a stopped agent may stay). Returns the polls.
-    fn run_until_quiet(&self, order: RunOrder) -> usize {
+    /// Runs `step` of the work inside the runtime (see the kit's
+    /// `level3::run_work`): everything until no call does I/O and nothing is
+    /// ready (calls hung on a stopped agent may stay), or one task once.
+    /// Returns the polls.
+    fn run_work_step(&self, step: WorkStep) -> usize {
         let Some(runtime) = &self.runtime else {
             return 0;
         };
         let _context = runtime.enter();
-        let deadline = Instant::now() + WORK_QUIET_WAIT_MAX;
-        let mut polls = 0;
-        for _ in 0..WORK_ROUNDS_MAX {
-            polls += self.spawner.run_all(order);
-            let quiet = self.shared.lock().busy_calls() == 0 && self.spawner.ready_count() == 0;
-            if quiet {
-                break;
-            }
-            if Instant::now() >= deadline {
-                eprintln!(
-                    "level 3: work did not settle within {WORK_QUIET_WAIT_MAX:?}: {}",
-                    self.describe_work()
-                );
-                break;
-            }
-            std::thread::sleep(WORK_POLL_INTERVAL);
-        }
-        polls
+        run_work(
+            &self.spawner,
+            step,
+            &WORK,
+            || self.shared.lock().busy_calls(),
+            || self.describe_work(),
+        )
     }
 
     /// Opens the boot gate of `key` with `verdict` once its verify command
@@ -208,12 +204,12 @@ impl ProcessSubstrate {
         // An accepted session reaches its gate on its own, a moment later.
         shared.wait_until(BOOT_CHECK_WAIT_MAX, |state| {
             state
-                .sessions
+                .sessions()
                 .get(key)
                 .is_none_or(|t| t.ended || !t.accepted || t.boot_checking)
         });
-        let waiting = shared.lock().sessions.get(key).is_some_and(|t| {
-            t.is_live() && t.accepted && t.boot_checking && t.gate == GateState::Closed
+        let waiting = shared.lock().sessions().get(key).is_some_and(|t| {
+            t.is_live() && t.accepted && t.boot_checking && t.extra == GateState::Closed
         });
         if !waiting {
             return false;
@@ -222,7 +218,7 @@ impl ProcessSubstrate {
             Verdict::Pass => ("pass", GateState::Passed),
             Verdict::Fail => ("fail", GateState::Failed),
         };
-        let ended = || shared.lock().sessions.get(key).is_none_or(|t| t.ended);
+        let ended = || shared.lock().sessions().get(key).is_none_or(|t| t.ended);
         if self.world.gates.open(key, text, ended) != GateOpening::Delivered {
             return false;
         }
@@ -236,20 +232,15 @@ impl ProcessSubstrate {
         let Some(hang) = self.shared.lock().release_hang(serial) else {
             return false;
         };
-        if let Some(pid) = hang.pid {
-            os_faults::continue_agent(&self.world.run, &hang.key, pid);
+        if let Some(pid) = hang.what.pid {
+            self.shared.count(|os| os.agents_continued += 1);
+            os_faults::continue_agent(&self.world.run, &hang.what.key, pid);
         }
         true
     }
 
     fn unreleased_hangs(&self) -> Vec<u64> {
-        self.shared
-            .lock()
-            .hangs
-            .iter()
-            .filter(|(_, hang)| !hang.released)
-            .map(|(serial, _)| *serial)
-            .collect()
+        self.shared.lock().unreleased_hangs()
     }
 
     /// Stops everything of the run: drains calls in flight (so that none is
@@ -260,7 +251,7 @@ impl ProcessSubstrate {
         self.world.program.restore();
         self.release_all_hangs();
         if self.shared.lock().busy_calls() > 0 {
-            self.run_until_quiet(RunOrder::Fifo);
+            self.run_work_step(WorkStep::Fifo);
         }
         if let Some(runtime) = self.runtime.take() {
             let plugin = self.plugin.clone();
@@ -288,7 +279,7 @@ impl ProcessSubstrate {
         let unkillable =
             os::kill_run(&self.world.run, KILL_WAIT_MAX).unwrap_or_else(proc_unreadable);
         self.backend.reap_strays();
-        let counts = self.shared.lock().os;
+        let counts = self.shared.lock().faults;
         self.context
             .finished(&self.world.run, &counts, &outlived, &unkillable);
     }
@@ -318,7 +309,7 @@ impl Substrate for ProcessSubstrate {
     }
 
     fn script(&mut self, target: FaultTarget, fault: Fault) -> bool {
-        self.shared.script(target, fault)
+        self.shared.script(target, fault).is_queued()
     }
 
     fn stop_faults(&mut self) {
@@ -327,17 +318,7 @@ impl Substrate for ProcessSubstrate {
     }
 
     fn run_work(&mut self, step: WorkStep) -> usize {
-        match step {
-            WorkStep::Fifo => self.run_until_quiet(RunOrder::Fifo),
-            WorkStep::Lifo => self.run_until_quiet(RunOrder::Lifo),
-            WorkStep::One(_) => {
-                let Some(runtime) = &self.runtime else {
-                    return 0;
-                };
-                let _context = runtime.enter();
-                run_manual_work(&self.spawner, step)
-            }
-        }
+        self.run_work_step(step)
     }
 
     fn has_runnable_work(&self) -> bool {
@@ -378,7 +359,7 @@ impl Substrate for ProcessSubstrate {
                 let failed = self
                     .shared
                     .lock()
-                    .sessions
+                    .sessions()
                     .get(&key)
                     .and_then(|t| t.failure);
                 if failed == Some(BootstrapFailure::StartFailed) {
@@ -429,18 +410,18 @@ impl Substrate for ProcessSubstrate {
         // Agents that took their boot order reach their gate, and opened
         // gates end in a join or a failure, on their own: wait for both.
         shared.wait_until(BOOT_CHECK_WAIT_MAX, |state| {
-            state.sessions.iter().all(|(key, t)| {
+            state.sessions().iter().all(|(key, t)| {
                 t.ended
                     || !t.accepted
-                    || (t.gate == GateState::Closed && t.boot_checking)
-                    || (t.gate != GateState::Closed && state.session_settled(key))
+                    || (t.extra == GateState::Closed && t.boot_checking)
+                    || (t.extra != GateState::Closed && state.session_settled(key))
             })
         });
         let waiting: Vec<ResourceKey> = shared
             .lock()
-            .sessions
+            .sessions()
             .iter()
-            .filter(|(_, t)| t.is_live() && t.boot_checking && t.gate == GateState::Closed)
+            .filter(|(_, t)| t.is_live() && t.boot_checking && t.extra == GateState::Closed)
             .map(|(key, _)| key.clone())
             .collect();
         waiting
@@ -475,7 +456,7 @@ impl Substrate for ProcessSubstrate {
                 .or_insert(0) += 1;
         }
         let state = self.shared.lock();
-        for (key, track) in &state.sessions {
+        for (key, track) in state.sessions() {
             if track.is_live() && live.leases.contains_key(key) {
                 live.sessions.insert(key.clone(), 1);
             }
@@ -548,7 +529,7 @@ impl Substrate for ProcessSubstrate {
     }
 
     fn counters(&self) -> SubstrateCounters {
-        self.shared.lock().counters
+        self.shared.counters()
     }
 
     fn describe_work(&self) -> String {

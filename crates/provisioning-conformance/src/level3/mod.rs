@@ -1,0 +1,52 @@
+//! Level 3 support: what every battery against a real plugin over a real
+//! world (processes, an SSH host, a Slurm cluster) needs besides the world
+//! itself.
+//!
+//! # What a Level 3 substrate supplies
+//! - Its **fault mapping**: which scripted faults it can turn into real
+//!   events for which calls (a [`Producible`] table), and how — a signal,
+//!   a stopped daemon, a renamed program, a cut link — in its backend,
+//!   around the call to the real
+//!   [`PluginBackendAdapter`](provisioning_provider::PluginBackendAdapter).
+//! - Its **independent count** of live resources (`/proc`, `squeue`, claim
+//!   directories), never the plugin's word: that is what G08 and G23 are
+//!   checked against, and what its teardown removes.
+//! - Its fault counts (a [`FaultCounts`] type), so that the battery can
+//!   tell that every real fault was applied at least once.
+//!
+//! # What the kit supplies
+//! - [`Shared`]: the state the harness thread and the plugin's threads
+//!   share — the scripted faults, the bounded observation inbox
+//!   ([`INBOX_OBSERVATIONS_MAX`]), the session and owner [`Ledger`] folded
+//!   from the plugin's answers and facts, the in-flight and hung calls
+//!   (with guards that end them however the call ends), the G08 alarms,
+//!   the vacuity counters — and [`Shared::wait_until`], the bounded wait
+//!   for a fact the plugin reports in the background.
+//! - [`run_work`]: polling the executor's work until quiet, within
+//!   [`WorkBounds`].
+//! - [`Runs`]: the run ids of one test, the sum of the faults applied and
+//!   what outlived a plugin; [`RunsGuard`] removes every run's leftovers
+//!   even when the test fails or panics.
+//! - [`Level3Battery`]: seeds × both modes plus written traces, a small
+//!   shrink budget, the reproduce line, and the final checks (failures,
+//!   vacuity with reasoned waivers, required faults never applied).
+//!
+//! Nothing here reads a clock except the bounded waits, which real I/O
+//! needs; the harness's clock stays the trace's.
+
+mod battery;
+mod ledger;
+mod runs;
+mod shared;
+mod work;
+
+pub use battery::{Level3Battery, Level3Error, Waiver, describe, restricted};
+#[cfg(feature = "sqlite")]
+pub use battery::{TempSqliteJournal, temp_sqlite_journal};
+pub use ledger::{LeaseOwners, Ledger, LedgerPolicy, SessionHandles, SessionTrack};
+pub use runs::{FaultCounts, RUN_ID_CHARS_MAX, RunCleanup, Runs, RunsGuard};
+pub use shared::{
+    Detached, Hang, HeldCall, INBOX_OBSERVATIONS_MAX, InFlight, Producible, Scripted, Shared,
+    State, attempt_key,
+};
+pub use work::{WorkBounds, run_work};
