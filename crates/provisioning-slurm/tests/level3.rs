@@ -40,14 +40,12 @@ mod level3;
 use std::sync::Arc;
 use std::time::Instant;
 
-use level3::{Defect, FaultCounts, Level3, SlurmSubstrate};
-use provisioning_conformance::battery::{ENV_SEED, ENV_TRACE, derive_seeds};
+use level3::{Defect, Level3, SlurmSubstrate};
 use provisioning_conformance::generate::GeneratorConfig;
-use provisioning_conformance::sqlite::SqliteKitJournal;
-use provisioning_conformance::{
-    Battery, BatteryReport, GuaranteeId, KitJournal, Mode, RunOptions, Trace, cluster_driver,
-    run_trace,
+use provisioning_conformance::level3::{
+    FaultCounts, Level3Battery, RunsGuard, describe, temp_sqlite_journal,
 };
+use provisioning_conformance::{GuaranteeId, Mode, RunOptions, Trace, cluster_driver, run_trace};
 
 /// The base from which Level 3 over Slurm derives its seeds.
 const LEVEL3_SEED_BASE: u64 = 0x1E7E_3000_51A2_0003;
@@ -121,22 +119,6 @@ const WRITTEN_TRACES: [&str; 5] = [
     "run fifo; run fifo; run fifo; crash; stream @0 joined",
 ];
 
-/// Cancels every job of every run of `context` when dropped, so that a
-/// failing or panicking test leaves nothing behind (the testbed's own drop
-/// then stops the daemons and kills whatever carries its configuration).
-struct RunsGuard {
-    context: Arc<Level3>,
-}
-
-impl Drop for RunsGuard {
-    fn drop(&mut self) {
-        let left = self.context.cancel_all();
-        if !left.is_empty() {
-            eprintln!("level 3: jobs left behind: {left:?}");
-        }
-    }
-}
-
 /// Fails with the survivors when any run of `context` still has a live job.
 fn assert_no_job_of_any_run(context: &Level3) {
     let left = context.cancel_all();
@@ -145,74 +127,26 @@ fn assert_no_job_of_any_run(context: &Level3) {
     assert!(live.is_empty(), "jobs survived their runs: {live:?}");
 }
 
-fn written_traces() -> Vec<Trace> {
-    WRITTEN_TRACES
-        .iter()
-        .map(|text| text.parse().expect("the written Level 3 traces parse"))
-        .collect()
-}
-
-fn describe(counts: &[(&str, u64)]) -> String {
-    counts
-        .iter()
-        .map(|(name, count)| format!("{name} {count}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The kit's SQLite journal in a temporary directory of its own, removed
-/// with it.
-struct TempSqlite {
-    journal: SqliteKitJournal,
-    _dir: tempfile::TempDir,
-}
-
-impl KitJournal for TempSqlite {
-    fn name(&self) -> &str {
-        self.journal.name()
-    }
-
-    fn commit(&mut self, changes: &provisioning::ChangeSet) -> Result<(), String> {
-        self.journal.commit(changes)
-    }
-
-    fn load(&mut self) -> Result<Option<provisioning::DurableState>, String> {
-        self.journal.load()
-    }
-}
-
-fn sqlite_journal() -> Box<dyn KitJournal> {
-    let dir = tempfile::tempdir().expect("level 3 needs a temporary directory");
-    let journal = SqliteKitJournal::open(dir.path())
-        .unwrap_or_else(|error| panic!("the SQLite journal opens: {error}"));
-    Box::new(TempSqlite { journal, _dir: dir })
-}
-
-fn run_battery(context: &Arc<Level3>) -> BatteryReport {
-    let factory = {
-        let context = context.clone();
-        move || SlurmSubstrate::new(context.clone())
-    };
-    let battery = Battery::new("level 3 (SlurmPlugin, real Slurm testbed)", factory)
-        .journal(sqlite_journal)
-        .generator(GENERATOR)
-        .seeds(derive_seeds(LEVEL3_SEED_BASE, LEVEL3_SEED_COUNT))
-        .traces(written_traces())
-        .shrink_budget(LEVEL3_SHRINK_BUDGET)
-        .max_failures(1)
-        .reproduce_with("cargo test -p provisioning-slurm --test level3")
-        .with_env_overrides()
-        .unwrap_or_else(|error| panic!("an environment override does not parse: {error}"));
-    battery.run()
+fn battery() -> Level3Battery {
+    Level3Battery::new(
+        "level 3 (SlurmPlugin, real Slurm testbed)",
+        "cargo test -p provisioning-slurm --test level3",
+        LEVEL3_SEED_BASE,
+        LEVEL3_SEED_COUNT,
+        LEVEL3_SHRINK_BUDGET,
+    )
+    .journal(temp_sqlite_journal)
+    .generator(GENERATOR)
+    .written_traces(&WRITTEN_TRACES)
+    .unwrap_or_else(|error| panic!("{error}"))
 }
 
 #[test]
 fn level_3_battery_keeps_every_guarantee_on_a_real_slurm_cluster_over_6_seeds_in_both_modes() {
     let context = Arc::new(Level3::new("battery", TESTBED_NODES));
-    let _guard = RunsGuard {
-        context: context.clone(),
-    };
-    for seed in derive_seeds(LEVEL3_SEED_BASE, LEVEL3_SEED_COUNT) {
+    let _guard = RunsGuard::new(&context);
+    let battery = battery();
+    for &seed in battery.seeds() {
         let trace = provisioning_conformance::generate(seed, &GENERATOR);
         eprintln!(
             "level 3 over Slurm: seed {seed:#x}, {} inputs",
@@ -220,8 +154,12 @@ fn level_3_battery_keeps_every_guarantee_on_a_real_slurm_cluster_over_6_seeds_in
         );
     }
     let started = Instant::now();
-    let report = run_battery(&context);
-    let faults: FaultCounts = context.faults();
+    let report = {
+        let context = context.clone();
+        battery.run(move || SlurmSubstrate::new(context.clone()))
+    }
+    .unwrap_or_else(|error| panic!("{error}"));
+    let faults = context.faults();
     eprintln!("{report}");
     eprintln!(
         "level 3 over Slurm: {} generated seeds x modes {:?} + {} written traces; {} runs in {:.1} s",
@@ -232,33 +170,19 @@ fn level_3_battery_keeps_every_guarantee_on_a_real_slurm_cluster_over_6_seeds_in
         started.elapsed().as_secs_f64()
     );
     eprintln!("real faults and refusals: {}", describe(&faults.all()));
-    assert!(report.failures.is_empty(), "{report}");
-    let vacuous = report.vacuous();
-    assert!(vacuous.is_empty(), "never reached: {vacuous:?}\n{report}");
-    let never: Vec<&str> = faults
-        .required()
-        .iter()
-        .filter(|(_, count)| *count == 0)
-        .map(|(name, _)| *name)
-        .collect();
-    // One seed or one trace reaches what it reaches (the kit waives vacuity too).
-    let restricted = [ENV_SEED, ENV_TRACE]
-        .iter()
-        .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()));
-    assert!(
-        restricted || never.is_empty(),
-        "Level 3 over Slurm never applied these faults: {never:?} ({})",
-        describe(&faults.required())
-    );
+    if let Err(error) = battery.check(&report) {
+        panic!("{error}");
+    }
+    if let Err(error) = battery.check_faults(&faults.required()) {
+        panic!("{error}");
+    }
     assert_no_job_of_any_run(&context);
 }
 
 #[test]
 fn level_3_counts_live_jobs_from_squeue_not_from_the_plugin() {
     let context = Arc::new(Level3::new("defect", 4));
-    let _guard = RunsGuard {
-        context: context.clone(),
-    };
+    let _guard = RunsGuard::new(&context);
     let trace: Trace = SCALE_DOWN_TRACE.parse().expect("the trace parses");
     // A clean run of the same trace converges and leaks nothing.
     let clean = run_trace(

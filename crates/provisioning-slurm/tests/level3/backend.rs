@@ -28,6 +28,7 @@ use provisioning::{
     BootParams, EffectError, EffectKind, EffectOutput, EndpointLookup, LeaseHandle,
     LogicalNodeSpec, NodeTemplate, Operation, ProviderShape, RunId,
 };
+pub(crate) use provisioning_conformance::level3::attempt_key;
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
 use provisioning_provider::{AttemptKey, PluginBackendAdapter, ProvisionPlugin};
@@ -86,15 +87,6 @@ pub(crate) struct SlurmBackend {
     definite_creates: AtomicU64,
     /// Lookups with a `definite` fault so far (the first few stop slurmctld).
     outages: AtomicU64,
-}
-
-/// The attempt key of `key` in `run`.
-pub(crate) fn attempt_key(run: &RunId, key: &ResourceKey) -> AttemptKey {
-    AttemptKey {
-        run_id: run.clone(),
-        node: key.0.clone(),
-        attempt: key.1,
-    }
 }
 
 /// The command a lost reply is meant for in a call of `kind`.
@@ -180,7 +172,7 @@ impl SlurmBackend {
         let _in_flight = self.shared.call_started(operation.id);
         let key: ResourceKey = (operation.node.clone(), operation.attempt());
         let kind = operation.kind();
-        let fault = self.shared.take_script(kind);
+        let fault = self.shared.take_script_unapplied(kind);
         if kind == EffectKind::StartBootstrap {
             self.gates.prepare(&key);
             self.shared.session_starting(&key);

@@ -27,7 +27,7 @@ use provisioning_conformance::trace::Fault;
 use provisioning_slurm::{CommandFailure, CommandOutput, SlurmCli, SystemCli, Tool};
 use tokio::io::AsyncReadExt;
 
-use super::shared::Shared;
+use super::shared::{Shared, SlurmShared};
 
 /// The bound on one command that is not faulted.
 pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -139,7 +139,7 @@ impl L3Cli {
             return Err(CommandFailure::NotStarted(format!("{program}: no pid")));
         };
         signal(pid, Signal::SIGSTOP);
-        let serial = self.shared.hang(op, pid);
+        let serial = self.shared.hang_on(op, pid);
         let release = Release {
             shared: &self.shared,
             serial,
@@ -192,8 +192,8 @@ struct Release<'a> {
 
 impl Drop for Release<'_> {
     fn drop(&mut self) {
-        if let Some(hang) = self.shared.end_hang(self.serial) {
-            signal(hang.pid, Signal::SIGCONT);
+        if let Some(hang) = self.shared.end_stop(self.serial) {
+            signal(hang.what, Signal::SIGCONT);
         }
         self.shared.notify();
     }

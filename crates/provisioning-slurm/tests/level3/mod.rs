@@ -23,11 +23,11 @@ pub(crate) mod substrate;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use provisioning::RunId;
+use provisioning_conformance::level3::{RunCleanup, Runs};
 use provisioning_slurm::parse::run_prefix;
 use provisioning_slurm::testbed::{Testbed, is_terminal};
 
@@ -55,14 +55,11 @@ const JOBS_GONE_POLL: Duration = Duration::from_millis(100);
 /// What one Level 3 test shares among its substrates: the cluster, the
 /// client configurations, the runs it started and the faults they applied.
 pub(crate) struct Level3 {
-    name: String,
+    runs: Runs<FaultCounts>,
     bed: Mutex<Testbed>,
     client_conf: PathBuf,
     closed_conf: PathBuf,
     slow_closed_conf: PathBuf,
-    serial: AtomicU32,
-    runs: Mutex<Vec<RunId>>,
-    faults: Mutex<FaultCounts>,
     /// Removes the client configurations.
     _dir: tempfile::TempDir,
 }
@@ -110,14 +107,11 @@ impl Level3 {
         )
         .expect("write the slow closed slurm.conf");
         Level3 {
-            name: name.to_owned(),
+            runs: Runs::new(name),
             bed: Mutex::new(bed),
             client_conf,
             closed_conf,
             slow_closed_conf,
-            serial: AtomicU32::new(0),
-            runs: Mutex::new(Vec::new()),
-            faults: Mutex::new(FaultCounts::default()),
             _dir: dir,
         }
     }
@@ -144,30 +138,27 @@ impl Level3 {
 
     /// The job-name prefix of every run of this context.
     pub(crate) fn prefix(&self) -> String {
-        format!("prov+l3-{}-{}-", std::process::id(), self.name)
+        format!("prov+l3-{}-{}-", std::process::id(), self.runs.name())
     }
 
     /// A run id no other substrate (or test process) uses, registered.
     pub(crate) fn next_run(&self) -> RunId {
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let run = RunId::new(format!("l3-{}-{}-{serial}", std::process::id(), self.name));
-        lock(&self.runs).push(run.clone());
-        run
+        self.runs.next_run()
     }
 
     /// Records the faults a finished substrate applied.
     pub(crate) fn finished(&self, faults: &FaultCounts) {
-        lock(&self.faults).add(faults);
+        self.runs.finished(faults, []);
     }
 
     /// Every run started so far.
     pub(crate) fn runs(&self) -> Vec<RunId> {
-        lock(&self.runs).clone()
+        self.runs.runs()
     }
 
     /// The faults applied by every finished substrate.
     pub(crate) fn faults(&self) -> FaultCounts {
-        *lock(&self.faults)
+        self.runs.faults()
     }
 
     /// The live jobs of `run`, from `squeue` (not from any plugin).
@@ -269,5 +260,18 @@ impl Level3 {
     /// Every job of this context's runs that is still live.
     pub(crate) fn live_jobs_of_any_run(&self) -> Vec<(u64, String, String, String)> {
         self.live_jobs_named(&self.prefix())
+    }
+}
+
+impl RunCleanup for Level3 {
+    fn runs(&self) -> Vec<RunId> {
+        self.runs.runs()
+    }
+
+    /// Cancels every job of `run` by hand (the testbed's own drop then
+    /// stops the daemons and kills whatever carries its configuration).
+    fn clean_up(&self, run: &RunId) -> Option<String> {
+        let left = self.cancel_run(run);
+        (!left.is_empty()).then(|| format!("jobs {left:?}"))
     }
 }

@@ -8,7 +8,7 @@
 //! substrate's tokio runtime (one worker thread, which also drives the
 //! plugin's own tasks: its loss watch, its step followers, its swarm
 //! listener). "Run everything" polls until every call has finished or hangs
-//! on a command stopped on purpose (bounded by [`WORK_QUIET_WAIT_MAX`]);
+//! on a command stopped on purpose (bounded by [`WORK`]);
 //! "run one" polls one task once and may leave its call in flight.
 //!
 //! # Stream events, all real
@@ -54,12 +54,12 @@ use nix::sys::signal::Signal;
 use nix::sys::stat::Mode;
 use provisioning::effect::SessionHandle;
 use provisioning::observe::LossCause;
-use provisioning::spawn::{ManualSpawner, RunOrder, Spawner};
+use provisioning::spawn::{ManualSpawner, Spawner};
 use provisioning::state::BootstrapFailure;
 use provisioning::{LeaseHandle, LogicalNodeId, NodeAttemptId, Observation, RunId};
+use provisioning_conformance::level3::{WorkBounds, run_work};
 use provisioning_conformance::substrate::{
     CallRecord, Capabilities, LiveResources, ResourceKey, Substrate, SubstrateCounters,
-    run_manual_work,
 };
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
 use provisioning_process::RunSecret;
@@ -71,17 +71,16 @@ use provisioning_slurm::{SlurmPlugin, SlurmPluginConfig};
 use super::Level3;
 use super::backend::{Defect, SlurmBackend, attempt_key};
 use super::cli::{L3Cli, signal};
-use super::shared::{GateState, Shared};
+use super::shared::{GateState, Shared, SlurmShared, new_shared};
 
-/// How long running work waits for real I/O to finish.
-const WORK_QUIET_WAIT_MAX: Duration = Duration::from_secs(30);
-
-/// How often running work looks again while calls do I/O.
-const WORK_POLL_INTERVAL: Duration = Duration::from_millis(1);
-
-/// The most rounds of polling one run of work makes (the wait bound divided
-/// by the poll interval, so that the time bound is the one that bites).
-const WORK_ROUNDS_MAX: usize = 30_000;
+/// How running work is bounded: 30 s for real I/O to finish, looking again
+/// every millisecond (the rounds are the wait bound divided by the poll
+/// interval, so that the time bound is the one that bites).
+const WORK: WorkBounds = WorkBounds {
+    quiet_wait_max: Duration::from_secs(30),
+    poll_interval: Duration::from_millis(1),
+    rounds_max: 30_000,
+};
 
 /// How long an accepted session may take to reach its boot gate (a step
 /// launch and an agent start on a loaded machine).
@@ -238,7 +237,7 @@ impl SlurmSubstrate {
             .enable_all()
             .build()
             .expect("level 3 needs a tokio runtime");
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(new_shared());
         let cli = Arc::new(L3Cli::new(
             context.client_conf(),
             context.closed_conf(),
@@ -287,31 +286,22 @@ impl SlurmSubstrate {
         }
     }
 
-    /// Polls ready work in `order` until no call does I/O and nothing is
-    /// ready (calls hung on a stopped command may stay). Returns the polls.
-    fn run_until_quiet(&self, order: RunOrder) -> usize {
+    /// Runs `step` of the work inside the runtime (see the kit's
+    /// `level3::run_work`): everything until no call does I/O and nothing is
+    /// ready (calls hung on a stopped command may stay), or one task once.
+    /// Returns the polls.
+    fn run_work_step(&self, step: WorkStep) -> usize {
         let Some(runtime) = &self.runtime else {
             return 0;
         };
         let _context = runtime.enter();
-        let deadline = Instant::now() + WORK_QUIET_WAIT_MAX;
-        let mut polls = 0;
-        for _ in 0..WORK_ROUNDS_MAX {
-            polls += self.spawner.run_all(order);
-            let quiet = self.shared.lock().busy_calls() == 0 && self.spawner.ready_count() == 0;
-            if quiet {
-                break;
-            }
-            if Instant::now() >= deadline {
-                eprintln!(
-                    "level 3: work did not settle within {WORK_QUIET_WAIT_MAX:?}: {}",
-                    self.describe_work()
-                );
-                break;
-            }
-            std::thread::sleep(WORK_POLL_INTERVAL);
-        }
-        polls
+        run_work(
+            &self.spawner,
+            step,
+            &WORK,
+            || self.shared.lock().busy_calls(),
+            || self.describe_work(),
+        )
     }
 
     /// The tagged processes (verify command, workload) of `key`'s node.
@@ -365,7 +355,7 @@ impl SlurmSubstrate {
             Verdict::Fail => "fail",
         };
         let shared = &self.shared;
-        let ended = || shared.lock().sessions.get(key).is_none_or(|t| t.ended);
+        let ended = || shared.lock().sessions().get(key).is_none_or(|t| t.ended);
         if !self.gates.open(key, text, ended) {
             return false;
         }
@@ -385,21 +375,21 @@ impl SlurmSubstrate {
         let shared = &self.shared;
         shared.wait_until(BOOT_CHECK_WAIT_MAX, |state| {
             state
-                .sessions
+                .sessions()
                 .get(key)
                 .is_none_or(|t| t.ended || !t.accepted || t.boot_checking)
         });
-        shared.lock().sessions.get(key).is_some_and(|t| {
-            !t.ended && t.accepted && t.boot_checking && t.gate == GateState::Closed
+        shared.lock().sessions().get(key).is_some_and(|t| {
+            !t.ended && t.accepted && t.boot_checking && t.extra.gate == GateState::Closed
         })
     }
 
     /// Continues hung call `serial`'s command. Returns whether it was hung.
     fn release_hang(&self, serial: u64) -> bool {
-        let Some(hang) = self.shared.lock().release_hang(serial) else {
+        let Some(hang) = self.shared.release(serial) else {
             return false;
         };
-        signal(hang.pid, Signal::SIGCONT);
+        signal(hang.what, Signal::SIGCONT);
         self.shared.notify();
         // A held create in a task of its own is performed at once (its
         // executor may be gone): wait (bounded) for it, then poll the ready
@@ -408,19 +398,13 @@ impl SlurmSubstrate {
         if self.shared.lock().is_detached(hang.op) {
             self.shared
                 .wait_until(DETACHED_CALL_WAIT_MAX, |state| !state.is_detached(hang.op));
-            self.run_until_quiet(RunOrder::Fifo);
+            self.run_work_step(WorkStep::Fifo);
         }
         true
     }
 
     fn unreleased_hangs(&self) -> Vec<u64> {
-        self.shared
-            .lock()
-            .hangs
-            .iter()
-            .filter(|(_, hang)| !hang.released)
-            .map(|(serial, _)| *serial)
-            .collect()
+        self.shared.lock().unreleased_hangs()
     }
 
     /// The live job of `key` (id, node name), from `squeue`.
@@ -511,7 +495,7 @@ impl SlurmSubstrate {
         self.shared.stop_faults();
         self.release_all_hangs();
         if self.shared.lock().busy_calls() > 0 {
-            self.run_until_quiet(RunOrder::Fifo);
+            self.run_work_step(WorkStep::Fifo);
         }
         if let Some(runtime) = self.runtime.take() {
             {
@@ -558,7 +542,7 @@ impl Substrate for SlurmSubstrate {
     }
 
     fn script(&mut self, target: FaultTarget, fault: Fault) -> bool {
-        self.shared.script(target, fault)
+        self.shared.script_counted(target, fault)
     }
 
     fn stop_faults(&mut self) {
@@ -566,17 +550,7 @@ impl Substrate for SlurmSubstrate {
     }
 
     fn run_work(&mut self, step: WorkStep) -> usize {
-        match step {
-            WorkStep::Fifo => self.run_until_quiet(RunOrder::Fifo),
-            WorkStep::Lifo => self.run_until_quiet(RunOrder::Lifo),
-            WorkStep::One(_) => {
-                let Some(runtime) = &self.runtime else {
-                    return 0;
-                };
-                let _context = runtime.enter();
-                run_manual_work(&self.spawner, step)
-            }
-        }
+        self.run_work_step(step)
     }
 
     fn has_runnable_work(&self) -> bool {
@@ -662,22 +636,22 @@ impl Substrate for SlurmSubstrate {
         // gates end in a join or a failure, on their own: wait for both,
         // once per session (an adopted agent step reports no stage).
         shared.wait_until(BOOT_CHECK_WAIT_MAX, |state| {
-            state.sessions.iter().all(|(key, t)| {
+            state.sessions().iter().all(|(key, t)| {
                 t.ended
                     || !t.accepted
-                    || t.waited
-                    || (t.gate == GateState::Closed && t.boot_checking)
-                    || (t.gate != GateState::Closed && state.session_settled(key))
+                    || t.extra.waited
+                    || (t.extra.gate == GateState::Closed && t.boot_checking)
+                    || (t.extra.gate != GateState::Closed && state.session_settled(key))
             })
         });
         let waiting: Vec<(ResourceKey, bool)> = {
             let mut state = shared.lock();
             state
-                .sessions
-                .iter_mut()
-                .filter(|(_, t)| !t.ended && t.accepted && t.gate == GateState::Closed)
+                .ledger
+                .sessions_mut()
+                .filter(|(_, t)| !t.ended && t.accepted && t.extra.gate == GateState::Closed)
                 .map(|(key, t)| {
-                    t.waited = true;
+                    t.extra.waited = true;
                     (key.clone(), t.boot_checking)
                 })
                 .collect()
@@ -724,7 +698,7 @@ impl Substrate for SlurmSubstrate {
         let tracked: Vec<ResourceKey> = self
             .shared
             .lock()
-            .sessions
+            .sessions()
             .iter()
             .filter(|(key, t)| !t.ended && live.leases.contains_key(key))
             .map(|(key, _)| key.clone())
@@ -794,7 +768,7 @@ impl Substrate for SlurmSubstrate {
     }
 
     fn counters(&self) -> SubstrateCounters {
-        self.shared.lock().counters
+        self.shared.counters()
     }
 
     fn describe_work(&self) -> String {
