@@ -35,12 +35,12 @@ mod level3;
 use std::sync::Arc;
 use std::time::Instant;
 
-use level3::{Defect, FaultCounts, Level3, SshSubstrate};
-use provisioning_conformance::battery::{ENV_SEED, ENV_TRACE, derive_seeds};
-use provisioning_conformance::sqlite::SqliteKitJournal;
+use level3::{Defect, Level3, SshSubstrate};
+use provisioning_conformance::level3::{
+    FaultCounts, Level3Battery, RunsGuard, describe, temp_sqlite_journal,
+};
 use provisioning_conformance::{
-    Battery, BatteryReport, GeneratorConfig, GuaranteeId, KitJournal, Mode, RunOptions, Trace,
-    cluster_driver, run_trace,
+    GeneratorConfig, GuaranteeId, Mode, RunOptions, Trace, cluster_driver, run_trace,
 };
 
 const AGENT: &str = env!("CARGO_BIN_EXE_provision-remote-agent");
@@ -131,28 +131,6 @@ const WRITTEN_TRACES: [&str; 6] = [
      run fifo; run fifo; stream @0 joined; run fifo",
 ];
 
-/// Kills every agent and removes every claim of every run of `context`
-/// when dropped, so that a failing or panicking test leaves nothing behind.
-struct RunsGuard {
-    context: Arc<Level3>,
-}
-
-impl Drop for RunsGuard {
-    fn drop(&mut self) {
-        self.context.hosts().restore();
-        for run in self.context.runs() {
-            let (processes, claims) = self.context.hosts().purge(&run);
-            if !processes.is_empty() || !claims.is_empty() {
-                eprintln!(
-                    "run {run} left {} process(es) and {} claim(s) behind",
-                    processes.len(),
-                    claims.len()
-                );
-            }
-        }
-    }
-}
-
 /// Fails with the survivors when any run of `context` still has an agent,
 /// a workload or a claim on a host.
 fn assert_nothing_of_any_run(context: &Level3) {
@@ -166,79 +144,36 @@ fn assert_nothing_of_any_run(context: &Level3) {
     }
 }
 
-fn written_traces() -> Vec<Trace> {
-    WRITTEN_TRACES
-        .iter()
-        .map(|text| text.parse().expect("the written Level 3 traces parse"))
-        .collect()
-}
-
-fn describe_faults(faults: &FaultCounts) -> String {
-    faults
-        .required()
-        .iter()
-        .map(|(name, count)| format!("{name} {count}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The kit's SQLite journal in a temporary directory of its own.
-struct TempSqlite {
-    journal: SqliteKitJournal,
-    _dir: tempfile::TempDir,
-}
-
-impl KitJournal for TempSqlite {
-    fn name(&self) -> &str {
-        self.journal.name()
-    }
-
-    fn commit(&mut self, changes: &provisioning::ChangeSet) -> Result<(), String> {
-        self.journal.commit(changes)
-    }
-
-    fn load(&mut self) -> Result<Option<provisioning::DurableState>, String> {
-        self.journal.load()
-    }
-}
-
-fn sqlite_journal() -> Box<dyn KitJournal> {
-    let dir = tempfile::tempdir().expect("level 3 needs a temporary directory");
-    let journal = SqliteKitJournal::open(dir.path())
-        .unwrap_or_else(|error| panic!("the SQLite journal opens: {error}"));
-    Box::new(TempSqlite { journal, _dir: dir })
-}
-
-fn run_battery(context: &Arc<Level3>) -> BatteryReport {
-    let factory = {
-        let context = context.clone();
-        move || SshSubstrate::new(context.clone())
-    };
-    let battery = Battery::new("level 3 (SshPlugin, namespaced sshd hosts)", factory)
-        .journal(sqlite_journal)
-        .seeds(derive_seeds(LEVEL3_SEED_BASE, LEVEL3_SEED_COUNT))
-        .generator(GeneratorConfig {
-            min_inputs: LEVEL3_INPUTS.0,
-            max_inputs: LEVEL3_INPUTS.1,
-            ..GeneratorConfig::default()
-        })
-        .traces(written_traces())
-        .shrink_budget(LEVEL3_SHRINK_BUDGET)
-        .max_failures(1)
-        .reproduce_with("cargo test -p provisioning-ssh --test level3")
-        .with_env_overrides()
-        .unwrap_or_else(|error| panic!("an environment override does not parse: {error}"));
-    battery.run()
+fn battery() -> Level3Battery {
+    Level3Battery::new(
+        "level 3 (SshPlugin, namespaced sshd hosts)",
+        "cargo test -p provisioning-ssh --test level3",
+        LEVEL3_SEED_BASE,
+        LEVEL3_SEED_COUNT,
+        LEVEL3_SHRINK_BUDGET,
+    )
+    .journal(temp_sqlite_journal)
+    .generator(GeneratorConfig {
+        min_inputs: LEVEL3_INPUTS.0,
+        max_inputs: LEVEL3_INPUTS.1,
+        ..GeneratorConfig::default()
+    })
+    .written_traces(&WRITTEN_TRACES)
+    .unwrap_or_else(|error| panic!("{error}"))
+    .waive(&NOT_REACHED)
 }
 
 #[test]
 fn level_3_over_ssh_keeps_every_guarantee_over_8_seeds_in_both_modes_with_real_faults() {
     let context = Arc::new(Level3::new("battery", HOSTS, SLOTS, AGENT));
-    let _guard = RunsGuard {
-        context: context.clone(),
-    };
+    let _guard = RunsGuard::new(&context);
     let started = Instant::now();
-    let report = run_battery(&context);
+    let battery = battery();
+    let report = {
+        let context = context.clone();
+        battery.run(move || SshSubstrate::new(context.clone()))
+    }
+    .unwrap_or_else(|error| panic!("{error}"));
     let faults = context.faults();
     eprintln!("{report}");
     eprintln!(
@@ -249,35 +184,14 @@ fn level_3_over_ssh_keeps_every_guarantee_over_8_seeds_in_both_modes_with_real_f
         WRITTEN_TRACES.len(),
         context.runs().len(),
         started.elapsed().as_secs_f64(),
-        describe_faults(&faults),
+        describe(&faults.required()),
     );
-    let vacuous: Vec<&str> = report
-        .vacuous()
-        .into_iter()
-        .filter(|name| !NOT_REACHED.iter().any(|(waived, _)| waived == name))
-        .collect();
-    assert!(
-        report.failures.is_empty() && vacuous.is_empty(),
-        "never reached: {vacuous:?}\n{report}"
-    );
-    for (name, why) in NOT_REACHED {
-        eprintln!("level 3 over ssh: vacuity {name:?} waived: {why}");
+    if let Err(error) = battery.check(&report) {
+        panic!("{error}");
     }
-    let never: Vec<&str> = faults
-        .required()
-        .iter()
-        .filter(|(_, count)| *count == 0)
-        .map(|(name, _)| *name)
-        .collect();
-    // One seed or one trace reaches what it reaches (the kit waives vacuity too).
-    let restricted = [ENV_SEED, ENV_TRACE]
-        .iter()
-        .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()));
-    assert!(
-        restricted || never.is_empty(),
-        "Level 3 over ssh never applied these real faults: {never:?} ({})",
-        describe_faults(&faults)
-    );
+    if let Err(error) = battery.check_faults(&faults.required()) {
+        panic!("{error}");
+    }
     let survivors = context.survivors();
     assert!(
         survivors.is_empty(),
@@ -290,9 +204,7 @@ fn level_3_over_ssh_keeps_every_guarantee_over_8_seeds_in_both_modes_with_real_f
 #[test]
 fn level_3_over_ssh_counts_leases_from_the_hosts_not_from_the_plugin() {
     let context = Arc::new(Level3::new("defect", 1, 4, AGENT));
-    let _guard = RunsGuard {
-        context: context.clone(),
-    };
+    let _guard = RunsGuard::new(&context);
     let trace: Trace = SCALE_DOWN_TRACE.parse().expect("the trace parses");
     // A clean run of the same trace converges and leaks nothing.
     let clean = run_trace(

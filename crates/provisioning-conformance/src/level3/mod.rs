@@ -27,6 +27,9 @@
 //! - [`Runs`]: the run ids of one test, the sum of the faults applied and
 //!   what outlived a plugin; [`RunsGuard`] removes every run's leftovers
 //!   even when the test fails or panics.
+//! - [`Intercepted`]: a real plugin with the methods an [`Intercept`]
+//!   overrides wrapped (a fault around a call, a deliberate defect), the
+//!   others passed straight through.
 //! - [`Level3Battery`]: seeds × both modes plus written traces, a small
 //!   shrink budget, the reproduce line, and the final checks (failures,
 //!   vacuity with reasoned waivers, required faults never applied).
@@ -35,6 +38,7 @@
 //! needs; the harness's clock stays the trace's.
 
 mod battery;
+mod intercept;
 mod ledger;
 mod runs;
 mod shared;
@@ -43,10 +47,11 @@ mod work;
 pub use battery::{Level3Battery, Level3Error, Waiver, describe, restricted};
 #[cfg(feature = "sqlite")]
 pub use battery::{TempSqliteJournal, temp_sqlite_journal};
+pub use intercept::{Intercept, Intercepted, PluginCall};
 pub use ledger::{LeaseOwners, Ledger, LedgerPolicy, SessionHandles, SessionTrack};
 pub use runs::{FaultCounts, RUN_ID_CHARS_MAX, RunCleanup, Runs, RunsGuard};
 pub use shared::{
     Detached, Hang, HeldCall, INBOX_OBSERVATIONS_MAX, InFlight, Producible, Scripted, Shared,
     State, attempt_key,
 };
-pub use work::{WorkBounds, run_work};
+pub use work::{WorkBounds, run_work, run_work_reporting};

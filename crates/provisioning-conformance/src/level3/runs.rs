@@ -98,6 +98,10 @@ pub trait RunCleanup: Send + Sync {
     /// Every run started so far.
     fn runs(&self) -> Vec<RunId>;
 
+    /// Undoes every fault still applied to the world the runs share (a
+    /// stopped daemon, a cut link), before the runs are cleaned up.
+    fn restore(&self) {}
+
     /// Removes (kills, cancels, deletes) everything of `run` the real world
     /// still holds; what could not be removed, if anything.
     fn clean_up(&self, run: &RunId) -> Option<String>;
@@ -121,6 +125,7 @@ impl<C: RunCleanup> RunsGuard<C> {
 
 impl<C: RunCleanup> Drop for RunsGuard<C> {
     fn drop(&mut self) {
+        self.context.restore();
         for run in self.context.runs() {
             if let Some(left) = self.context.clean_up(&run) {
                 eprintln!("level 3: run {run} left something behind: {left}");

@@ -30,13 +30,30 @@ pub struct WorkBounds {
 /// Runs one step of work on `spawner`: everything in `Fifo` or `Lifo`
 /// order until quiet (`busy` counts the calls still doing I/O), or one
 /// task once. Returns the polls. When the work does not settle in time,
-/// says so with `describe`'s account and returns.
+/// says so on standard error with `describe`'s account and returns.
 pub fn run_work(
     spawner: &ManualSpawner,
     step: WorkStep,
     bounds: &WorkBounds,
     busy: impl Fn() -> usize,
     describe: impl Fn() -> String,
+) -> usize {
+    run_work_reporting(spawner, step, bounds, busy, |waited| {
+        eprintln!(
+            "level 3: work did not settle within {waited:?}: {}",
+            describe()
+        );
+    })
+}
+
+/// [`run_work`], telling `unsettled` how long it waited when the work did
+/// not settle in time (for substrates that report through a logger).
+pub fn run_work_reporting(
+    spawner: &ManualSpawner,
+    step: WorkStep,
+    bounds: &WorkBounds,
+    busy: impl Fn() -> usize,
+    unsettled: impl FnOnce(Duration),
 ) -> usize {
     let order = match step {
         WorkStep::Fifo => RunOrder::Fifo,
@@ -51,11 +68,7 @@ pub fn run_work(
             break;
         }
         if Instant::now() >= deadline {
-            eprintln!(
-                "level 3: work did not settle within {:?}: {}",
-                bounds.quiet_wait_max,
-                describe()
-            );
+            unsettled(bounds.quiet_wait_max);
             break;
         }
         std::thread::sleep(bounds.poll_interval);

@@ -1,9 +1,9 @@
 //! The seam contract suite's fault hook for the process plugin, with every
 //! fault a real event.
 //!
-//! The suite arms a fault for the next call of a method; [`FaultedPlugin`]
-//! (the real [`ProcessPlugin`], each method passed straight through) makes
-//! it happen around that call:
+//! The suite arms a fault for the next call of a method; [`FaultHook`]
+//! (intercepting the real [`ProcessPlugin`]; the other methods pass
+//! straight through) makes it happen around that call:
 //!
 //! | Armed fault | Method | What really happens |
 //! |---|---|---|
@@ -20,17 +20,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use provisioning::effect::SessionHandle;
 use provisioning::spawn::BoxFuture;
-use provisioning::{EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
+use provisioning::{LeaseHandle, LogicalNodeSpec, RunId};
 use provisioning_conformance::contract::{ContractFaults, ContractSubject, PluginMethod};
+use provisioning_conformance::level3::{Intercept, Intercepted, PluginCall};
 use provisioning_conformance::trace::Fault;
 use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig};
-use provisioning_provider::{
-    AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
-    PluginError, ProvisionPlugin,
-};
+use provisioning_provider::{AttemptKey, NodeLease, PluginError, ProvisionPlugin};
 
 use super::Level3;
 use super::os_faults::{self, AgentProgram};
@@ -122,82 +118,43 @@ async fn deadline_passes<T>(call: impl Future<Output = Result<T, PluginError>>) 
     PluginError::ambiguous(format!("the caller's deadline passed {stage}"))
 }
 
-/// The real [`ProcessPlugin`], with armed faults happening around its calls.
-pub(crate) struct FaultedPlugin {
-    inner: Arc<ProcessPlugin>,
+/// Makes armed faults happen around the calls of the real
+/// [`ProcessPlugin`]; every other call passes straight through.
+struct FaultHook {
     faults: Arc<ProcessFaults>,
 }
 
-#[async_trait]
-impl ProvisionPlugin for FaultedPlugin {
-    fn kind(&self) -> &str {
-        self.inner.kind()
-    }
-
-    fn attach(&self, sink: ObservationSink) {
-        self.inner.attach(sink);
-    }
-
-    async fn create_node(
-        &self,
-        key: &AttemptKey,
-        spec: &LogicalNodeSpec,
-    ) -> Result<NodeLease, PluginError> {
+impl Intercept for FaultHook {
+    fn create_node<'a>(
+        &'a self,
+        inner: &'a dyn ProvisionPlugin,
+        key: &'a AttemptKey,
+        spec: &'a LogicalNodeSpec,
+    ) -> PluginCall<'a, NodeLease> {
         match self.faults.take(PluginMethod::CreateNode) {
-            Some(Fault::Definite) => {
+            Some(Fault::Definite) => Box::pin(async move {
                 let _missing = self.faults.program.remove();
-                self.inner.create_node(key, spec).await
-            }
+                inner.create_node(key, spec).await
+            }),
             Some(Fault::AmbiguousUndone) => {
-                Err(deadline_passes(self.inner.create_node(key, spec)).await)
+                Box::pin(async move { Err(deadline_passes(inner.create_node(key, spec)).await) })
             }
-            _ => self.inner.create_node(key, spec).await,
+            _ => inner.create_node(key, spec),
         }
     }
 
-    async fn lookup_endpoint(
-        &self,
-        key: &AttemptKey,
-        lease: &LeaseHandle,
-    ) -> Result<EndpointLookup, PluginError> {
-        self.inner.lookup_endpoint(key, lease).await
-    }
-
-    async fn start_bootstrap(
-        &self,
-        key: &AttemptKey,
-        request: &BootstrapRequest,
-    ) -> Result<BootstrapSession, PluginError> {
-        self.inner.start_bootstrap(key, request).await
-    }
-
-    async fn complete_bootstrap(
-        &self,
-        key: &AttemptKey,
-        session: Option<&SessionHandle>,
-    ) -> Result<(), PluginError> {
-        self.inner.complete_bootstrap(key, session).await
-    }
-
-    async fn cancel_bootstrap(
-        &self,
-        key: &AttemptKey,
-        session: Option<&SessionHandle>,
-    ) -> Result<(), PluginError> {
-        self.inner.cancel_bootstrap(key, session).await
-    }
-
-    async fn destroy_node(&self, key: &AttemptKey, lease: &LeaseHandle) -> Result<(), PluginError> {
+    fn destroy_node<'a>(
+        &'a self,
+        inner: &'a dyn ProvisionPlugin,
+        key: &'a AttemptKey,
+        lease: &'a LeaseHandle,
+    ) -> PluginCall<'a, ()> {
         match self.faults.take(PluginMethod::DestroyNode) {
             Some(Fault::AmbiguousUndone) => {
-                Err(deadline_passes(self.inner.destroy_node(key, lease)).await)
+                Box::pin(async move { Err(deadline_passes(inner.destroy_node(key, lease)).await) })
             }
-            _ => self.inner.destroy_node(key, lease).await,
+            _ => inner.destroy_node(key, lease),
         }
-    }
-
-    async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
-        self.inner.list_nodes(run).await
     }
 }
 
@@ -223,10 +180,12 @@ pub(crate) async fn contract_subject(context: &Level3) -> Result<ContractSubject
         armed: Mutex::new(BTreeMap::new()),
         _dir: dir,
     });
-    let faulted = FaultedPlugin {
-        inner: plugin,
-        faults: faults.clone(),
-    };
+    let faulted = Intercepted::new(
+        plugin,
+        FaultHook {
+            faults: faults.clone(),
+        },
+    );
     Ok(ContractSubject::new(Arc::new(faulted), run)
         .with_faults(faults)
         .with_pause(Arc::new(pause)))

@@ -24,25 +24,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use provisioning::effect::{EffectRequest, SessionHandle};
+use provisioning::effect::EffectRequest;
 use provisioning::executor::EffectBackend;
 use provisioning::spawn::BoxFuture;
 use provisioning::{
     BootParams, EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeSpec,
-    NodeTemplate, Operation, OperationId, RunId,
+    NodeTemplate, Operation, RunId,
 };
+use provisioning_conformance::level3::{Intercept, PluginCall};
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
-use provisioning_provider::{
-    AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
-    PluginBackendAdapter, PluginError, ProvisionPlugin,
-};
-use provisioning_ssh::{PROVIDER_KIND, SshPlugin};
+use provisioning_provider::{AttemptKey, PluginBackendAdapter, ProvisionPlugin};
+use provisioning_ssh::PROVIDER_KIND;
 
 use super::Level3;
 use super::hosts::{Role, signal};
-use super::shared::Shared;
+use super::shared::{Shared, hang_on};
 
 /// The workload every node runs.
 pub(crate) const WORKLOAD_COMMAND: &str = "exec sleep 3600";
@@ -79,73 +76,19 @@ pub(crate) enum Defect {
     DestroyLeavesClaim,
 }
 
-/// The plugin with [`Defect::DestroyLeavesClaim`]: every method is the real
-/// plugin's, except a destroy that leaves the claim.
-pub(crate) struct LeakyDestroy {
-    pub(crate) inner: Arc<SshPlugin>,
-}
+/// [`Defect::DestroyLeavesClaim`] around the real plugin: every method is
+/// the real plugin's, except a destroy that leaves the claim.
+pub(crate) struct LeakyDestroy;
 
-#[async_trait]
-impl ProvisionPlugin for LeakyDestroy {
-    fn kind(&self) -> &str {
-        self.inner.kind()
-    }
-
-    fn attach(&self, sink: ObservationSink) {
-        self.inner.attach(sink);
-    }
-
-    async fn create_node(
-        &self,
-        key: &AttemptKey,
-        spec: &LogicalNodeSpec,
-    ) -> Result<NodeLease, PluginError> {
-        self.inner.create_node(key, spec).await
-    }
-
-    async fn lookup_endpoint(
-        &self,
-        key: &AttemptKey,
-        lease: &LeaseHandle,
-    ) -> Result<EndpointLookup, PluginError> {
-        self.inner.lookup_endpoint(key, lease).await
-    }
-
-    async fn start_bootstrap(
-        &self,
-        key: &AttemptKey,
-        request: &BootstrapRequest,
-    ) -> Result<BootstrapSession, PluginError> {
-        self.inner.start_bootstrap(key, request).await
-    }
-
-    async fn complete_bootstrap(
-        &self,
-        key: &AttemptKey,
-        session: Option<&SessionHandle>,
-    ) -> Result<(), PluginError> {
-        self.inner.complete_bootstrap(key, session).await
-    }
-
-    async fn cancel_bootstrap(
-        &self,
-        key: &AttemptKey,
-        session: Option<&SessionHandle>,
-    ) -> Result<(), PluginError> {
-        self.inner.cancel_bootstrap(key, session).await
-    }
-
-    async fn destroy_node(
-        &self,
-        key: &AttemptKey,
-        _lease: &LeaseHandle,
-    ) -> Result<(), PluginError> {
+impl Intercept for LeakyDestroy {
+    fn destroy_node<'a>(
+        &'a self,
+        inner: &'a dyn ProvisionPlugin,
+        key: &'a AttemptKey,
+        _lease: &'a LeaseHandle,
+    ) -> PluginCall<'a, ()> {
         // The defect: the agent goes, the claim stays.
-        self.inner.cancel_bootstrap(key, None).await
-    }
-
-    async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
-        self.inner.list_nodes(run).await
+        inner.cancel_bootstrap(key, None)
     }
 }
 
@@ -191,26 +134,11 @@ struct HangRelease<'a> {
 impl Drop for HangRelease<'_> {
     fn drop(&mut self) {
         if let Some(hang) = self.backend.shared.end_hang(self.serial)
-            && let Some(pid) = hang.pid
+            && let Some(pid) = hang.what
             && signal(pid, "CONT", false)
         {
             self.backend.shared.count(|f| f.agents_continued += 1);
         }
-    }
-}
-
-/// Ends a held create's hang and its busy mark when its task ends.
-struct HeldCreate {
-    shared: Arc<Shared>,
-    serial: u64,
-    op: OperationId,
-}
-
-impl Drop for HeldCreate {
-    fn drop(&mut self) {
-        self.shared.end_hang(self.serial);
-        self.shared.lock().unmark_busy(self.op);
-        self.shared.notify();
     }
 }
 
@@ -405,21 +333,17 @@ impl SshBackend {
         real: &Operation,
         key: &ResourceKey,
     ) -> Result<EffectOutput, EffectError> {
-        let serial = self.shared.hang(real.id, None);
+        let serial = hang_on(&self.shared, real.id, None);
         let adapter = self.adapter.clone();
         let shared = self.shared.clone();
         let operation = real.clone();
         let call = tokio::spawn(async move {
-            let _held = HeldCreate {
-                shared: shared.clone(),
-                serial,
-                op: operation.id,
-            };
+            let _held = shared.held(serial, operation.id);
             let deadline = Instant::now() + HOLD_WAIT_MAX;
             while !shared.released(serial) && Instant::now() < deadline {
                 tokio::time::sleep(HOLD_POLL_INTERVAL).await;
             }
-            shared.lock().mark_busy(operation.id);
+            shared.mark_busy(operation.id);
             adapter.execute(&operation).await
         });
         let outcome = call.await.unwrap_or_else(|error| {
@@ -587,7 +511,7 @@ impl SshBackend {
         {
             tokio::time::sleep(CUT_POLL_INTERVAL).await;
         }
-        let serial = self.shared.hang(real.id, Some(agent.pid));
+        let serial = hang_on(&self.shared, real.id, Some(agent.pid));
         let _release = HangRelease {
             backend: self,
             serial,

@@ -23,10 +23,9 @@ pub(crate) mod shared;
 pub(crate) mod substrate;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use provisioning::RunId;
+use provisioning_conformance::level3::{RunCleanup, Runs};
 
 use crate::common::Testbed;
 pub(crate) use backend::Defect;
@@ -37,13 +36,9 @@ pub(crate) use substrate::SshSubstrate;
 /// What one Level 3 test shares among its substrates: the hosts, the gated
 /// agent program, the runs, the faults they applied and what survived.
 pub(crate) struct Level3 {
-    name: String,
+    runs: Runs<FaultCounts>,
     hosts: Hosts,
     agent: PathBuf,
-    serial: AtomicU32,
-    runs: Mutex<Vec<RunId>>,
-    faults: Mutex<FaultCounts>,
-    survivors: Mutex<Vec<String>>,
     /// Holds the gated agent program.
     _dir: tempfile::TempDir,
 }
@@ -55,13 +50,9 @@ impl Level3 {
         let dir = tempfile::tempdir().expect("level 3 needs a temporary directory");
         let gated = hosts::write_gate_agent(dir.path(), agent);
         Level3 {
-            name: name.to_owned(),
+            runs: Runs::new(name),
             hosts: Hosts::new(Testbed::start_netns(hosts), slots),
             agent: gated,
-            serial: AtomicU32::new(0),
-            runs: Mutex::new(Vec::new()),
-            faults: Mutex::new(FaultCounts::default()),
-            survivors: Mutex::new(Vec::new()),
             _dir: dir,
         }
     }
@@ -83,51 +74,52 @@ impl Level3 {
 
     /// A run id no other substrate (or test process) uses, registered.
     pub(crate) fn next_run(&self) -> RunId {
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let mut text = format!("l3-{}-{}-{serial}", std::process::id(), self.name);
-        text.truncate(63);
-        let run = RunId::new(text);
-        self.runs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(run.clone());
-        run
+        self.runs.next_run()
     }
 
     /// Records what a substrate left once it was torn down: the faults it
     /// applied, and the processes and claims that outlived the plugin's own
     /// destroys (each was then killed or removed).
     pub(crate) fn finished(&self, run: &RunId, faults: &FaultCounts, left: Option<String>) {
-        self.faults
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .add(faults);
-        if let Some(left) = left {
-            self.survivors
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(format!("run {run}: {left}"));
-        }
+        self.runs
+            .finished(faults, left.map(|left| format!("run {run}: {left}")));
     }
 
     /// Every run started so far.
     pub(crate) fn runs(&self) -> Vec<RunId> {
-        self.runs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.runs.runs()
     }
 
     /// The faults applied by every finished substrate.
     pub(crate) fn faults(&self) -> FaultCounts {
-        *self.faults.lock().unwrap_or_else(PoisonError::into_inner)
+        self.runs.faults()
     }
 
     /// What outlived a plugin's destroys.
     pub(crate) fn survivors(&self) -> Vec<String> {
-        self.survivors
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.runs.survivors()
+    }
+}
+
+impl RunCleanup for Level3 {
+    fn runs(&self) -> Vec<RunId> {
+        self.runs.runs()
+    }
+
+    /// Undoes every fault on the hosts.
+    fn restore(&self) {
+        self.hosts.restore();
+    }
+
+    /// Kills every agent and removes every claim of `run`.
+    fn clean_up(&self, run: &RunId) -> Option<String> {
+        let (processes, claims) = self.hosts.purge(run);
+        (!processes.is_empty() || !claims.is_empty()).then(|| {
+            format!(
+                "{} process(es) and {} claim(s)",
+                processes.len(),
+                claims.len()
+            )
+        })
     }
 }

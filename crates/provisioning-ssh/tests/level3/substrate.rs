@@ -40,31 +40,33 @@ use std::time::{Duration, Instant};
 
 use provisioning::effect::SessionHandle;
 use provisioning::observe::LossCause;
-use provisioning::spawn::{ManualSpawner, RunOrder, Spawner};
+use provisioning::spawn::{ManualSpawner, Spawner};
 use provisioning::{LeaseHandle, LogicalNodeId, NodeAttemptId, Observation};
+use provisioning_conformance::level3::{Intercepted, WorkBounds, attempt_key, run_work};
 use provisioning_conformance::substrate::{
     CallRecord, Capabilities, LiveResources, ResourceKey, Substrate, SubstrateCounters,
-    run_manual_work,
 };
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
 use provisioning_process::RunSecret;
-use provisioning_provider::{AttemptKey, ObservationSink, PluginBackendAdapter, ProvisionPlugin};
+use provisioning_provider::{ObservationSink, PluginBackendAdapter, ProvisionPlugin};
 use provisioning_ssh::{SshAgentConfig, SshPlugin};
 
 use super::Level3;
 use super::backend::{Defect, LeakyDestroy, SshBackend, World};
 use super::hosts::{Role, signal};
-use super::shared::Shared;
+use super::shared::{Shared, new_shared};
 
 /// How long running work waits for real I/O to finish.
 pub(crate) const WORK_QUIET_WAIT_MAX: Duration = Duration::from_secs(30);
 
-/// How often running work looks again while calls do I/O.
-const WORK_POLL_INTERVAL: Duration = Duration::from_millis(1);
-
-/// The most rounds of polling one run of work makes (the wait bound divided
-/// by the poll interval, so that the time bound is the one that bites).
-const WORK_ROUNDS_MAX: usize = 30_000;
+/// How running work is bounded: looking again every millisecond (the
+/// rounds are the wait bound divided by the poll interval, so that the time
+/// bound is the one that bites).
+const WORK: WorkBounds = WorkBounds {
+    quiet_wait_max: WORK_QUIET_WAIT_MAX,
+    poll_interval: Duration::from_millis(1),
+    rounds_max: 30_000,
+};
 
 /// How long an opened gate may take to end in a join (or the session's end).
 const JOIN_WAIT_MAX: Duration = Duration::from_secs(10);
@@ -146,14 +148,14 @@ impl SshSubstrate {
         let plugin = runtime
             .block_on(SshPlugin::start(config, agent))
             .expect("the ssh plugin starts");
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(new_shared());
         let reporter = shared.clone();
         let sink = ObservationSink::new(move |observation| reporter.observe(observation));
         let served: Arc<dyn ProvisionPlugin> = match defect {
             None => plugin.clone(),
-            Some(Defect::DestroyLeavesClaim) => Arc::new(LeakyDestroy {
-                inner: plugin.clone(),
-            }),
+            Some(Defect::DestroyLeavesClaim) => {
+                Arc::new(Intercepted::new(plugin.clone(), LeakyDestroy))
+            }
         };
         let adapter = PluginBackendAdapter::single(served, sink);
         let world = Arc::new(World {
@@ -175,38 +177,21 @@ impl SshSubstrate {
         }
     }
 
-    fn attempt_key(&self, key: &ResourceKey) -> AttemptKey {
-        AttemptKey {
-            run_id: self.world.run.clone(),
-            node: key.0.clone(),
-            attempt: key.1,
-        }
-    }
-
-    /// Polls ready work in `order` until no call does I/O and nothing is
-    /// ready (hung calls may stay). Returns the polls.
-    fn run_until_quiet(&self, order: RunOrder) -> usize {
+    /// Runs `step` of the work inside the runtime (see the kit's
+    /// `level3::run_work`): everything until no call does I/O and nothing is
+    /// ready (hung calls may stay), or one task once. Returns the polls.
+    fn run_work_step(&self, step: WorkStep) -> usize {
         let Some(runtime) = &self.runtime else {
             return 0;
         };
         let _context = runtime.enter();
-        let deadline = Instant::now() + WORK_QUIET_WAIT_MAX;
-        let mut polls = 0;
-        for _ in 0..WORK_ROUNDS_MAX {
-            polls += self.spawner.run_all(order);
-            if self.shared.lock().busy_calls() == 0 && self.spawner.ready_count() == 0 {
-                break;
-            }
-            if Instant::now() >= deadline {
-                eprintln!(
-                    "level 3: work did not settle within {WORK_QUIET_WAIT_MAX:?}: {}",
-                    self.describe_work()
-                );
-                break;
-            }
-            std::thread::sleep(WORK_POLL_INTERVAL);
-        }
-        polls
+        run_work(
+            &self.spawner,
+            step,
+            &WORK,
+            || self.shared.lock().busy_calls(),
+            || self.describe_work(),
+        )
     }
 
     /// Opens the boot gate of `key` once its agent waits there, then waits
@@ -215,7 +200,7 @@ impl SshSubstrate {
         let waiting = self
             .shared
             .lock()
-            .sessions
+            .sessions()
             .get(key)
             .is_some_and(|t| t.accepted && !t.ended && !t.joined);
         if !waiting {
@@ -240,7 +225,7 @@ impl SshSubstrate {
         let Some(hang) = self.shared.lock().release_hang(serial) else {
             return false;
         };
-        if let Some(pid) = hang.pid
+        if let Some(pid) = hang.what
             && signal(pid, "CONT", false)
         {
             self.shared.count(|f| f.agents_continued += 1);
@@ -249,13 +234,7 @@ impl SshSubstrate {
     }
 
     fn unreleased_hangs(&self) -> Vec<u64> {
-        self.shared
-            .lock()
-            .hangs
-            .iter()
-            .filter(|(_, hang)| !hang.released)
-            .map(|(serial, _)| *serial)
-            .collect()
+        self.shared.lock().unreleased_hangs()
     }
 
     /// Destroys, through the plugin, every node of the run it lists, a few
@@ -308,7 +287,7 @@ impl SshSubstrate {
         self.release_all_hangs();
         self.context.hosts().restore();
         if self.shared.lock().busy_calls() > 0 {
-            self.run_until_quiet(RunOrder::Fifo);
+            self.run_work_step(WorkStep::Fifo);
         }
         let failed = self.destroy_everything();
         if let Some(runtime) = self.runtime.take() {
@@ -374,7 +353,7 @@ impl Substrate for SshSubstrate {
     }
 
     fn script(&mut self, target: FaultTarget, fault: Fault) -> bool {
-        self.shared.script(target, fault)
+        self.shared.script(target, fault).is_queued()
     }
 
     fn stop_faults(&mut self) {
@@ -382,17 +361,7 @@ impl Substrate for SshSubstrate {
     }
 
     fn run_work(&mut self, step: WorkStep) -> usize {
-        match step {
-            WorkStep::Fifo => self.run_until_quiet(RunOrder::Fifo),
-            WorkStep::Lifo => self.run_until_quiet(RunOrder::Lifo),
-            WorkStep::One(_) => {
-                let Some(runtime) = &self.runtime else {
-                    return 0;
-                };
-                let _context = runtime.enter();
-                run_manual_work(&self.spawner, step)
-            }
-        }
+        self.run_work_step(step)
     }
 
     fn has_runnable_work(&self) -> bool {
@@ -494,7 +463,7 @@ impl Substrate for SshSubstrate {
         let waiting: Vec<ResourceKey> = self
             .shared
             .lock()
-            .sessions
+            .sessions()
             .iter()
             .filter(|(_, t)| t.accepted && !t.ended && !t.joined)
             .map(|(key, _)| key.clone())
@@ -531,7 +500,7 @@ impl Substrate for SshSubstrate {
                 // An agent whose claim is gone: a lease only /proc knows of.
                 *live.leases.entry(key.clone()).or_insert(0) += 1;
             }
-            let ended = state.sessions.get(&key).is_none_or(|t| t.ended);
+            let ended = state.sessions().get(&key).is_none_or(|t| t.ended);
             if !ended {
                 *live.sessions.entry(key).or_insert(0) += 1;
             }
@@ -579,7 +548,7 @@ impl Substrate for SshSubstrate {
             return false;
         };
         let plugin = self.plugin.clone();
-        let attempt = self.attempt_key(key);
+        let attempt = attempt_key(&self.world.run, key);
         let run = run.clone();
         let destroyed = runtime.block_on(async move {
             let listed = tokio::time::timeout(OWN_CALL_WAIT_MAX, plugin.list_nodes(&run))
@@ -604,7 +573,7 @@ impl Substrate for SshSubstrate {
     }
 
     fn counters(&self) -> SubstrateCounters {
-        self.shared.lock().counters
+        self.shared.counters()
     }
 
     fn describe_work(&self) -> String {
