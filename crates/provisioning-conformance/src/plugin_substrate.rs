@@ -21,23 +21,20 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use async_trait::async_trait;
 use provisioning::effect::SessionHandle;
 use provisioning::executor::EffectBackend;
 use provisioning::observe::LossCause;
 use provisioning::spawn::{BoxFuture, ManualSpawner, Spawner};
 use provisioning::{
-    EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeId, LogicalNodeSpec,
-    NodeAttemptId, Observation, Operation, RunId,
+    EffectError, EffectOutput, LeaseHandle, LogicalNodeId, NodeAttemptId, Observation, Operation,
+    RunId,
 };
-use provisioning_provider::{
-    AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
-    PluginBackendAdapter, PluginError, ProvisionPlugin,
-};
+use provisioning_provider::{AttemptKey, ObservationSink, PluginBackendAdapter, ProvisionPlugin};
 
 use crate::battery::{Battery, DEFAULT_SEED_COUNT, LEVEL1_SEED_BASE, derive_seeds};
 use crate::contract::PluginMethod;
 use crate::harness::{PROVIDER_KIND, RUN_NAME};
+use crate::level3::{Intercept, Intercepted};
 use crate::plugin_fake::FakePlugin;
 use crate::substrate::{
     CallRecord, CallRecorder, Capabilities, LiveResources, ResourceKey, Substrate,
@@ -56,6 +53,21 @@ pub trait ScriptablePlugin: ProvisionPlugin {
     /// Queues `fault` for the next call of `method` (of any method when
     /// `None`). Returns `false` when it cannot be produced or is refused.
     fn script_fault(&self, method: Option<PluginMethod>, fault: Fault) -> bool;
+
+    /// Queues `fault` for the next call of the method behind `target`, as
+    /// a trace scripts it: `false` for a fault that cannot apply to the
+    /// target's effect kind, else what [`ScriptablePlugin::script_fault`]
+    /// answers.
+    fn script_target(&self, target: FaultTarget, fault: Fault) -> bool {
+        let method = match target {
+            FaultTarget::Any => None,
+            FaultTarget::Kind(kind) if fault.applies_to(kind) => {
+                Some(PluginMethod::for_effect(kind))
+            }
+            FaultTarget::Kind(_) => return false,
+        };
+        self.script_fault(method, fault)
+    }
 
     /// Drops every queued fault and accepts no more.
     fn stop_faults(&self);
@@ -236,66 +248,11 @@ impl EffectBackend for PluginBackend {
 
 /// Serves a plugin under the harness's provider kind ([`PROVIDER_KIND`]),
 /// for plugins whose own kind differs.
-struct UnderHarnessKind<P> {
-    inner: Arc<P>,
-}
+struct UnderHarnessKind;
 
-#[async_trait]
-impl<P: ProvisionPlugin> ProvisionPlugin for UnderHarnessKind<P> {
-    fn kind(&self) -> &str {
+impl Intercept for UnderHarnessKind {
+    fn kind<'a>(&'a self, _inner: &'a dyn ProvisionPlugin) -> &'a str {
         PROVIDER_KIND
-    }
-
-    fn attach(&self, sink: ObservationSink) {
-        self.inner.attach(sink);
-    }
-
-    async fn create_node(
-        &self,
-        key: &AttemptKey,
-        spec: &LogicalNodeSpec,
-    ) -> Result<NodeLease, PluginError> {
-        self.inner.create_node(key, spec).await
-    }
-
-    async fn lookup_endpoint(
-        &self,
-        key: &AttemptKey,
-        lease: &LeaseHandle,
-    ) -> Result<EndpointLookup, PluginError> {
-        self.inner.lookup_endpoint(key, lease).await
-    }
-
-    async fn start_bootstrap(
-        &self,
-        key: &AttemptKey,
-        request: &BootstrapRequest,
-    ) -> Result<BootstrapSession, PluginError> {
-        self.inner.start_bootstrap(key, request).await
-    }
-
-    async fn complete_bootstrap(
-        &self,
-        key: &AttemptKey,
-        session: Option<&SessionHandle>,
-    ) -> Result<(), PluginError> {
-        self.inner.complete_bootstrap(key, session).await
-    }
-
-    async fn cancel_bootstrap(
-        &self,
-        key: &AttemptKey,
-        session: Option<&SessionHandle>,
-    ) -> Result<(), PluginError> {
-        self.inner.cancel_bootstrap(key, session).await
-    }
-
-    async fn destroy_node(&self, key: &AttemptKey, lease: &LeaseHandle) -> Result<(), PluginError> {
-        self.inner.destroy_node(key, lease).await
-    }
-
-    async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
-        self.inner.list_nodes(run).await
     }
 }
 
@@ -330,9 +287,7 @@ impl<P: ScriptablePlugin> PluginSubstrate<P> {
         let served: Arc<dyn ProvisionPlugin> = if plugin.kind() == PROVIDER_KIND {
             plugin.clone()
         } else {
-            Arc::new(UnderHarnessKind {
-                inner: plugin.clone(),
-            })
+            Arc::new(Intercepted::new(plugin.clone(), UnderHarnessKind))
         };
         let adapter = PluginBackendAdapter::single(served, sink);
         PluginSubstrate {
@@ -375,14 +330,7 @@ impl<P: ScriptablePlugin> Substrate for PluginSubstrate<P> {
     }
 
     fn script(&mut self, target: FaultTarget, fault: Fault) -> bool {
-        let method = match target {
-            FaultTarget::Any => None,
-            FaultTarget::Kind(kind) if fault.applies_to(kind) => {
-                Some(PluginMethod::for_effect(kind))
-            }
-            FaultTarget::Kind(_) => return false,
-        };
-        self.plugin.script_fault(method, fault)
+        self.plugin.script_target(target, fault)
     }
 
     fn stop_faults(&mut self) {

@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use provisioning::effect::SessionHandle;
@@ -54,10 +54,10 @@ use provisioning::{
 };
 use provisioning_conformance::contract::PluginMethod;
 use provisioning_conformance::harness::{PROVIDER_KIND, RUN_NAME};
+use provisioning_conformance::level3::{WorkBounds, run_work_reporting};
 use provisioning_conformance::plugin_substrate::PluginBackend;
 use provisioning_conformance::substrate::{
     CallRecord, Capabilities, FaultQueue, LiveResources, ResourceKey, Substrate, SubstrateCounters,
-    run_manual_work,
 };
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
 use provisioning_conformance::{Battery, BatteryReport, Mode, ScriptablePlugin};
@@ -83,12 +83,14 @@ pub const BATTERY_SHRINK_BUDGET: usize = 32;
 /// How long running work waits for the program's replies.
 pub const WORK_QUIET_WAIT_MAX: Duration = Duration::from_secs(20);
 
-/// How often running work looks again while a reply is on its way.
-const WORK_POLL_INTERVAL: Duration = Duration::from_micros(200);
-
-/// The most rounds of polling one run of work makes (the wait bound divided
-/// by the poll interval, so that the time bound is the one that bites).
-const WORK_ROUNDS_MAX: usize = 100_000;
+/// How running work is bounded: looking again every 200 µs while a reply is
+/// on its way (the rounds are the wait bound divided by the poll interval,
+/// so that the time bound is the one that bites).
+const WORK: WorkBounds = WorkBounds {
+    quiet_wait_max: WORK_QUIET_WAIT_MAX,
+    poll_interval: Duration::from_micros(200),
+    rounds_max: 100_000,
+};
 
 /// The bound on one test-hook call; a program that misses it is treated as
 /// unresponsive for the rest of its substrate's run.
@@ -810,30 +812,26 @@ impl ExecSubstrate {
         &self.plugin
     }
 
-    /// Polls ready work in `order` until no call waits for a reply and
-    /// nothing is ready (held calls may stay). Returns the polls.
-    fn run_until_quiet(&self, order: RunOrder) -> usize {
+    /// Runs `step` of the work inside the runtime (the kit's Level 3 work
+    /// polling): everything until no call waits for a reply and nothing is
+    /// ready (held calls may stay), or one task once. Returns the polls.
+    fn run_work_step(&self, step: WorkStep) -> usize {
         let Some(runtime) = &self.runtime else {
             return 0;
         };
         let _context = runtime.enter();
-        let deadline = Instant::now() + WORK_QUIET_WAIT_MAX;
-        let mut polls = 0;
-        for _ in 0..WORK_ROUNDS_MAX {
-            polls += self.spawner.run_all(order);
-            if self.plugin.busy_calls() == 0 && self.spawner.ready_count() == 0 {
-                break;
-            }
-            if Instant::now() >= deadline {
+        run_work_reporting(
+            &self.spawner,
+            step,
+            &WORK,
+            || self.plugin.busy_calls(),
+            |waited| {
                 tracing::warn!(
-                    "battery: work did not settle within {WORK_QUIET_WAIT_MAX:?}: {}",
+                    "battery: work did not settle within {waited:?}: {}",
                     self.describe_work()
                 );
-                break;
-            }
-            std::thread::sleep(WORK_POLL_INTERVAL);
-        }
-        polls
+            },
+        )
     }
 
     /// Polls what is ready once (the released calls, whose replies are
@@ -890,14 +888,7 @@ impl Substrate for ExecSubstrate {
     }
 
     fn script(&mut self, target: FaultTarget, fault: Fault) -> bool {
-        let method = match target {
-            FaultTarget::Any => None,
-            FaultTarget::Kind(kind) if fault.applies_to(kind) => {
-                Some(PluginMethod::for_effect(kind))
-            }
-            FaultTarget::Kind(_) => return false,
-        };
-        self.plugin.script_fault(method, fault)
+        self.plugin.script_target(target, fault)
     }
 
     fn stop_faults(&mut self) {
@@ -905,17 +896,7 @@ impl Substrate for ExecSubstrate {
     }
 
     fn run_work(&mut self, step: WorkStep) -> usize {
-        match step {
-            WorkStep::Fifo => self.run_until_quiet(RunOrder::Fifo),
-            WorkStep::Lifo => self.run_until_quiet(RunOrder::Lifo),
-            WorkStep::One(_) => {
-                let Some(runtime) = &self.runtime else {
-                    return 0;
-                };
-                let _context = runtime.enter();
-                run_manual_work(&self.spawner, step)
-            }
-        }
+        self.run_work_step(step)
     }
 
     fn has_runnable_work(&self) -> bool {

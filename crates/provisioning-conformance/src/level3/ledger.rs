@@ -263,3 +263,114 @@ fn count_creation(counters: &mut SubstrateCounters, adopted: bool) {
         counters.creations += 1;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use provisioning::id::OperationSequence;
+    use provisioning::observe::LossCause;
+    use provisioning::{
+        EffectRequest, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeTemplate,
+        OperationId, RunId,
+    };
+
+    use super::*;
+
+    fn key() -> ResourceKey {
+        (
+            LogicalNodeId::new(GroupId::new("a"), 0),
+            NodeAttemptId::from_raw(1),
+        )
+    }
+
+    fn operation(sequence: u32, request: EffectRequest) -> Operation {
+        let (node, attempt) = key();
+        let template = NodeTemplate {
+            role: "r".into(),
+            provider: "fake".into(),
+            shape: Default::default(),
+            boot: Default::default(),
+            swarm_join: Default::default(),
+        };
+        Operation {
+            id: OperationId::new(attempt, OperationSequence::from_raw(sequence)),
+            run_id: RunId::new("conformance"),
+            node: node.clone(),
+            spec: LogicalNodeSpec::new(node, RunId::new("conformance"), Arc::new(template)),
+            request,
+        }
+    }
+
+    fn started(session: &str) -> Result<EffectOutput, EffectError> {
+        Ok(EffectOutput::BootstrapStarted {
+            session: SessionHandle(session.to_owned()),
+            adopted: false,
+        })
+    }
+
+    fn ledger(session_handles: SessionHandles, lease_owners: LeaseOwners) -> Ledger {
+        Ledger::new(LedgerPolicy {
+            session_handles,
+            lease_owners,
+        })
+    }
+
+    /// Starts a session answered with `s1`, loses the node, and starts again
+    /// with the same handle handed out: whether that session is live.
+    fn live_after_reissued_handle(handles: SessionHandles) -> bool {
+        let mut ledger = ledger(handles, LeaseOwners::UniqueOnly);
+        let mut counters = SubstrateCounters::default();
+        let start = operation(2, EffectRequest::CreateLease);
+        ledger.session_starting(&key());
+        ledger.answered(&start, &started("s1"), &mut counters);
+        assert_eq!(ledger.live_sessions(), vec![key()]);
+        ledger.observe(&Observation::NodeLost {
+            node: key().0,
+            attempt: key().1,
+            cause: LossCause::AgentGone,
+        });
+        assert!(ledger.lost(&key()));
+        assert!(ledger.session_settled(&key()));
+        ledger.session_starting(&key());
+        ledger.answered(&start, &started("s1"), &mut counters);
+        assert_eq!(counters.creations, 2);
+        !ledger.live_sessions().is_empty()
+    }
+
+    #[test]
+    fn an_ended_handle_handed_out_again_is_over_only_when_handles_are_per_start() {
+        assert!(!live_after_reissued_handle(SessionHandles::PerStart));
+        assert!(live_after_reissued_handle(SessionHandles::PerAttempt));
+    }
+
+    #[test]
+    fn a_lease_handle_issued_to_two_keys_has_no_owner_unless_the_latest_owns_it() {
+        let other: ResourceKey = (key().0, NodeAttemptId::from_raw(2));
+        for (policy, expected) in [
+            (LeaseOwners::UniqueOnly, None),
+            (LeaseOwners::Latest, Some(other.clone())),
+        ] {
+            let mut ledger = ledger(SessionHandles::PerStart, policy);
+            let mut counters = SubstrateCounters::default();
+            let created = Ok(EffectOutput::LeaseCreated {
+                lease: LeaseHandle("pid-7".to_owned()),
+                endpoint: None,
+                adopted: false,
+            });
+            let mut create = operation(1, EffectRequest::CreateLease);
+            ledger.answered(&create, &created, &mut counters);
+            assert_eq!(
+                ledger.lease_owner(&LeaseHandle("pid-7".to_owned())),
+                Some(key())
+            );
+            create.id = OperationId::new(other.1, OperationSequence::from_raw(1));
+            ledger.answered(&create, &created, &mut counters);
+            assert_eq!(
+                ledger.lease_owner(&LeaseHandle("pid-7".to_owned())),
+                expected,
+                "{policy:?}"
+            );
+        }
+    }
+}

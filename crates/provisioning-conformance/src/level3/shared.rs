@@ -491,3 +491,100 @@ pub fn attempt_key(run: &RunId, key: &ResourceKey) -> provisioning_provider::Att
         attempt: key.1,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use provisioning::observe::LossCause;
+    use provisioning::{GroupId, LogicalNodeId, NodeAttemptId};
+
+    use super::*;
+    use crate::level3::{LeaseOwners, SessionHandles};
+
+    type TestShared = Shared<u64>;
+
+    fn shared() -> Arc<TestShared> {
+        Arc::new(Shared::new(
+            |kind, fault| kind == EffectKind::CreateLease && fault == Fault::Hang,
+            LedgerPolicy {
+                session_handles: SessionHandles::PerStart,
+                lease_owners: LeaseOwners::UniqueOnly,
+            },
+        ))
+    }
+
+    fn lost() -> Observation {
+        Observation::NodeLost {
+            node: LogicalNodeId::new(GroupId::new("a"), 0),
+            attempt: NodeAttemptId::from_raw(1),
+            cause: LossCause::LeaseGone,
+        }
+    }
+
+    #[test]
+    fn a_wait_ends_when_the_plugin_reports_the_fact_and_gives_up_without_it() {
+        let shared = shared();
+        let key = (
+            LogicalNodeId::new(GroupId::new("a"), 0),
+            NodeAttemptId::from_raw(1),
+        );
+        assert!(!shared.wait_until(Duration::from_millis(10), |s| s.lost(&key)));
+        let reporter = shared.clone();
+        let thread = std::thread::spawn(move || reporter.observe(lost()));
+        assert!(shared.wait_until(Duration::from_secs(60), |s| s.lost(&key)));
+        thread.join().expect("the reporting thread ends");
+        assert_eq!(shared.take_observations(), vec![lost()]);
+        assert!(shared.take_observations().is_empty());
+    }
+
+    #[test]
+    fn the_inbox_keeps_at_most_its_bound() {
+        let shared = shared();
+        for _ in 0..INBOX_OBSERVATIONS_MAX + 3 {
+            shared.observe(lost());
+        }
+        assert_eq!(shared.take_observations().len(), INBOX_OBSERVATIONS_MAX);
+    }
+
+    #[test]
+    fn only_producible_faults_are_queued_and_a_hang_counts_until_released() {
+        let shared = shared();
+        let kind = FaultTarget::Kind(EffectKind::CreateLease);
+        assert_eq!(
+            shared.script(FaultTarget::Kind(EffectKind::DestroyLease), Fault::Hang),
+            Scripted::Unproducible
+        );
+        assert_eq!(shared.script(kind, Fault::Hang), Scripted::Queued);
+        assert_eq!(shared.take_script(EffectKind::DestroyLease), None);
+        assert_eq!(
+            shared.take_script(EffectKind::CreateLease),
+            Some(Fault::Hang)
+        );
+        let op = OperationId::new(
+            NodeAttemptId::from_raw(1),
+            provisioning::id::OperationSequence::from_raw(1),
+        );
+        let in_flight = shared.call_started(op);
+        assert_eq!(shared.lock().busy_calls(), 1);
+        let serial = shared.hang(op, (), |count| *count += 1);
+        let busy_and_hung = {
+            let state = shared.lock();
+            (state.busy_calls(), state.hung_calls())
+        };
+        assert_eq!(busy_and_hung, (0, 1));
+        assert!(shared.lock().release_hang(serial).is_some());
+        assert!(shared.lock().release_hang(serial).is_none());
+        assert_eq!(shared.lock().busy_calls(), 1);
+        assert!(shared.end_hang(serial).is_none(), "it was released");
+        drop(in_flight);
+        assert_eq!(shared.lock().busy_calls(), 0);
+        let state = shared.lock();
+        assert_eq!((state.faults, state.counters.hangs), (1, 1));
+        assert_eq!(state.counters.faults_applied, 1);
+        drop(state);
+        shared.stop_faults();
+        assert_eq!(shared.script(kind, Fault::Hang), Scripted::NotAccepted);
+    }
+}
