@@ -20,14 +20,15 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
+use crate::battery::Regression;
 use crate::driver_under_test::DriverUnderTest;
 use crate::guarantee::{GuaranteeId, Violation};
 use crate::harness::{DriverFactory, DriverSetup, HostOptions, Mode, Stepper};
 use crate::journal::RecoveryFactory;
 use crate::substrate::{MAX_SCRIPTED_FAULTS, Substrate};
 use crate::trace::{
-    DriftField, Fault, FaultTarget, Group, Input, LimitChange, ShapeChange, StreamEvent, Trace,
-    WorkStep,
+    DriftField, Fault, FaultTarget, Group, Input, LimitChange, RevisionProbe, ShapeChange,
+    StreamEvent, Trace, TraceHeader, WorkStep,
 };
 use provisioning::observe::LossCause;
 use provisioning::state::BootstrapFailure;
@@ -54,6 +55,48 @@ pub struct ExploreConfig {
     /// Whether the liveness check also runs the fair tail completing work
     /// newest-first (as the battery's G20 run does), doubling its cost.
     pub lifo_tail: bool,
+    /// Operator limits set before anything else, as a trace's first
+    /// inputs (the kit's generator does the same for a quarter of its
+    /// seeds): launch caps, rollout budgets, breakers. Part of the setup
+    /// prefix, so not counted in the depth.
+    pub limits: Vec<LimitChange>,
+    /// The configuration the exploration starts from (see [`Start`]).
+    pub start: Start,
+    /// The trace header every explored sequence runs under (untidy
+    /// interleavings, late session closes, …), as the kit's generator sets
+    /// headers; counterexamples carry it.
+    pub header: TraceHeader,
+    /// Whether the revision probes (`revision regress|same|silent`) are
+    /// applied at every distinct state. They are not branched on: the
+    /// oracle requires a probe to change nothing in the driver (G16), so a
+    /// probe that passes leads back to the state it started from.
+    pub revision_probes: bool,
+}
+
+/// The configuration an exploration starts from. Whichever it is, the
+/// exploration covers every interleaving of the alphabet to the depth
+/// *from that configuration*, and nothing before it: the setup prefix
+/// ([`ExploreConfig::setup`]) is one fixed input sequence, checked by the
+/// oracle like any other but not branched over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Start {
+    /// Nothing has run yet: the driver's first pass has submitted the
+    /// creates, no backend call has started.
+    #[default]
+    Fresh,
+    /// The cluster is up and converged: every create, lookup and start ran
+    /// and every session joined and reported convergence (fault-free, oldest
+    /// first). Bugs that need ready nodes (a drift under a rollout budget, a
+    /// loss under a breaker, a replaced attempt's late result) are then a
+    /// few inputs away instead of a dozen.
+    Ready,
+    /// The controller crashed while the first node's create was held in
+    /// the backend (a scripted hang) and was recovered from its journal:
+    /// that create is now a dead controller's call, still running, which
+    /// may make a resource no current attempt owns when it is released
+    /// (the cause of every orphan, G28). The recovered driver holds the
+    /// create as ambiguous and waits out its backoff.
+    HeldCreateCrash,
 }
 
 impl ExploreConfig {
@@ -67,7 +110,53 @@ impl ExploreConfig {
             normalise_ids: true,
             executor_inputs: true,
             lifo_tail: false,
+            limits: Vec::new(),
+            start: Start::Fresh,
+            header: TraceHeader::default(),
+            revision_probes: true,
         }
+    }
+
+    /// The same exploration from `start`.
+    pub fn starting(mut self, start: Start) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// The same exploration with `limit` set first.
+    pub fn limit(mut self, limit: LimitChange) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// The fixed input sequence every explored sequence starts with: the
+    /// one-node scale-down ([`setup_prefix`]), the limits, then what
+    /// [`Start`] needs.
+    pub fn setup(&self) -> Vec<Input> {
+        let mut prefix = setup_prefix(self.nodes);
+        prefix.extend(self.limits.iter().map(|limit| Input::Limit(*limit)));
+        match self.start {
+            Start::Fresh => {}
+            Start::Ready => {
+                // Creates, lookups, starts; every session joins; the
+                // convergence reports.
+                prefix.extend([Input::Run(WorkStep::Fifo); 3]);
+                prefix.extend((0..self.nodes).map(|session| Input::Stream {
+                    session,
+                    event: StreamEvent::Joined,
+                }));
+                prefix.push(Input::Run(WorkStep::Fifo));
+            }
+            Start::HeldCreateCrash => prefix.extend([
+                Input::Script {
+                    target: FaultTarget::Kind(EffectKind::CreateLease),
+                    fault: Fault::Hang,
+                },
+                Input::Crash,
+                Input::Run(WorkStep::Fifo),
+            ]),
+        }
+        prefix
     }
 }
 
@@ -91,6 +180,22 @@ impl Counterexample {
     /// The guarantee broken.
     pub fn guarantee(&self) -> GuaranteeId {
         self.violation.guarantee
+    }
+
+    /// The counterexample as a regression-file entry, which `conformance
+    /// replay FILE` (or [`crate::Battery::regressions`]) replays: fair mode
+    /// when the fair tail found it, adversarial otherwise.
+    pub fn to_regression(&self) -> Regression {
+        Regression {
+            guarantee: Some(self.violation.guarantee),
+            mode: if self.liveness {
+                Mode::Fair
+            } else {
+                Mode::Adversarial
+            },
+            note: format!("found by the explorer after {} inputs", self.length),
+            trace: self.trace.clone(),
+        }
     }
 }
 
@@ -218,10 +323,11 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
         self
     }
 
-    fn stepper(&self, tail: WorkStep) -> Result<Stepper<S>, Violation> {
+    fn stepper(&self, tail: WorkStep, header: &TraceHeader) -> Result<Stepper<S>, Violation> {
         let mut builder = Stepper::builder((self.factory)())
             .mode(Mode::Adversarial)
             .tail_order(tail)
+            .header(header.clone())
             .host(self.host);
         if let Some(recovery) = &self.recovery {
             builder = builder.shared_recovery(Rc::clone(recovery));
@@ -245,16 +351,21 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
 
     /// Replays `inputs` on a fresh stepper, mirroring the backend's scripted
     /// replies on the way (see [`BackendMirror`]).
-    fn replay(&self, inputs: &[Input]) -> Result<(Stepper<S>, BackendMirror), Violation> {
-        self.replay_with(inputs, WorkStep::Fifo)
+    fn replay(
+        &self,
+        inputs: &[Input],
+        header: &TraceHeader,
+    ) -> Result<(Stepper<S>, BackendMirror), Violation> {
+        self.replay_with(inputs, header, WorkStep::Fifo)
     }
 
     fn replay_with(
         &self,
         inputs: &[Input],
+        header: &TraceHeader,
         tail: WorkStep,
     ) -> Result<(Stepper<S>, BackendMirror), Violation> {
-        let mut stepper = self.stepper(tail)?;
+        let mut stepper = self.stepper(tail, header)?;
         let mut mirror = BackendMirror::default();
         for input in inputs {
             mirror.before(input);
@@ -269,15 +380,19 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
 
     /// Explores breadth-first as `config` says.
     pub fn run(&self, config: &ExploreConfig) -> ExploreReport {
-        let prefix = setup_prefix(config.nodes);
+        let prefix = config.setup();
+        let header = &config.header;
         let mut report = ExploreReport::default();
         let fail = |violation: Violation, liveness: bool, inputs: &[Input]| Counterexample {
             violation,
             liveness,
-            trace: Trace::new(inputs.to_vec()),
+            trace: Trace {
+                header: header.clone(),
+                inputs: inputs.to_vec(),
+            },
             length: inputs.len() - prefix.len(),
         };
-        let root = match self.replay(&prefix) {
+        let mut root = match self.replay(&prefix, header) {
             Ok((stepper, armed)) => (stepper, armed),
             Err(violation) => {
                 report.counterexample = Some(fail(violation, false, &prefix));
@@ -296,15 +411,29 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
         }
         let mut frontier: VecDeque<(Vec<Input>, Vec<Input>)> = VecDeque::new();
         frontier.push_back((prefix.clone(), alphabet(&root.0, config)));
+        // A revision probe's counterexample is one input longer than the
+        // state it was applied at: it waits until every state of that depth
+        // was looked at, so that the first one returned stays a shortest.
+        let mut probed = if config.revision_probes {
+            self.probe(&mut root.0, &prefix, header)
+                .map(|(violation, path)| fail(violation, false, &path))
+        } else {
+            None
+        };
         drop(root);
         for level in 0..config.depth {
+            if probed.is_some() {
+                report.counterexample = probed;
+                report.depth_reached = level;
+                return report;
+            }
             let mut next = VecDeque::new();
             while let Some((inputs, choices)) = frontier.pop_front() {
                 for input in choices {
                     let mut path = inputs.clone();
                     path.push(input);
                     report.states_explored += 1;
-                    let stepper = match self.replay(&path) {
+                    let mut stepper = match self.replay(&path, header) {
                         Ok(replayed) => replayed,
                         Err(violation) => {
                             report.counterexample = Some(fail(violation, false, &path));
@@ -322,6 +451,11 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
                     report.distinct_states += 1;
                     report.unmirrored += usize::from(stepper.1.lost);
                     let choices = alphabet(&stepper.0, config);
+                    if config.revision_probes && probed.is_none() {
+                        probed = self
+                            .probe(&mut stepper.0, &path, header)
+                            .map(|(violation, path)| fail(violation, false, &path));
+                    }
                     drop(stepper);
                     if config.liveness
                         && let Some(violation) = self.liveness(&path, config)
@@ -332,6 +466,7 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
                     if report.distinct_states >= config.max_states {
                         report.truncated = true;
                         report.depth_reached = level;
+                        report.counterexample = probed;
                         return report;
                     }
                     next.push_back((path, choices));
@@ -343,7 +478,44 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
             }
             frontier = next;
         }
+        report.counterexample = probed;
         report
+    }
+
+    /// Applies every revision probe to `stepper` (the state `path` reached,
+    /// already expanded), one after the other: the first that breaks a
+    /// guarantee, with the shortest sequence that shows it — `path` and
+    /// that probe alone when that replays to the same violation, else
+    /// `path` and the probes up to it.
+    fn probe(
+        &self,
+        stepper: &mut Stepper<S>,
+        path: &[Input],
+        header: &TraceHeader,
+    ) -> Option<(Violation, Vec<Input>)> {
+        for (index, probe) in RevisionProbe::ALL.into_iter().enumerate() {
+            let Err(violation) = stepper.step(&Input::Revision(probe)) else {
+                continue;
+            };
+            let mut alone = path.to_vec();
+            alone.push(Input::Revision(probe));
+            if index == 0 {
+                return Some((violation, alone));
+            }
+            if let Err(shorter) = self.replay(&alone, header)
+                && shorter.guarantee == violation.guarantee
+            {
+                return Some((shorter, alone));
+            }
+            let mut all = path.to_vec();
+            all.extend(
+                RevisionProbe::ALL[..=index]
+                    .iter()
+                    .map(|p| Input::Revision(*p)),
+            );
+            return Some((violation, all));
+        }
+        None
     }
 
     /// Replays `inputs` and runs the fair tail (also newest-first with
@@ -357,11 +529,16 @@ impl<S: Substrate, F: Fn() -> S> Explorer<F> {
         };
         orders
             .iter()
-            .find_map(|order| self.tail_violation(inputs, *order))
+            .find_map(|order| self.tail_violation(inputs, config, *order))
     }
 
-    fn tail_violation(&self, inputs: &[Input], order: WorkStep) -> Option<Violation> {
-        let mut stepper = match self.replay_with(inputs, order) {
+    fn tail_violation(
+        &self,
+        inputs: &[Input],
+        config: &ExploreConfig,
+        order: WorkStep,
+    ) -> Option<Violation> {
+        let mut stepper = match self.replay_with(inputs, &config.header, order) {
             Ok((stepper, _)) => stepper,
             Err(violation) => return Some(violation),
         };

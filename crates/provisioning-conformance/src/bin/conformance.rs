@@ -6,10 +6,16 @@
 //! conformance bench [N]       N traces (N/2 seeds x 2 modes, default 512); prints
 //!                             traces per second and the wall time
 //! conformance replay FILE     replays a regression file
-//! conformance explore N D [small]
+//! conformance explore N D [OPTION...]
 //!                             explores every interleaving for N (1 or 2) nodes to
-//!                             depth D (G31); prints states and states/s; `small`
-//!                             leaves out the executor-level and limit inputs
+//!                             depth D (G31); prints states and states/s. Options:
+//!                             `small` leaves out the executor-level and limit inputs;
+//!                             `no-probes` the revision probes; `lifo` also runs the
+//!                             liveness tail newest-first;
+//!                             `ready` / `held-crash` start from a converged cluster /
+//!                             a held create with a crash armed; `cap=K`, `budget=K`,
+//!                             `breaker=F` set a launch cap, group a's rollout budget,
+//!                             a breaker opening after F failures (5 s cool-down) first
 //! ```
 //!
 //! Build it in release mode for the benchmark:
@@ -20,6 +26,8 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use provisioning_conformance::explore::Start;
+use provisioning_conformance::trace::{Group, LimitChange};
 use provisioning_conformance::{
     Battery, BatteryReport, ExploreConfig, Explorer, FakeSubstrate, Regression,
 };
@@ -38,7 +46,7 @@ fn say(text: impl std::fmt::Display) {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "{problem}\nusage: conformance [bench [TRACES] | replay FILE | explore NODES DEPTH [small]]"
+        "{problem}\nusage: conformance [bench [TRACES] | replay FILE | explore NODES DEPTH [small] [no-probes] [lifo] [ready|held-crash] [cap=K] [budget=K] [breaker=F]]"
     );
     ExitCode::from(2)
 }
@@ -107,14 +115,44 @@ fn replay(path: &str) -> ExitCode {
     verdict(&report)
 }
 
-fn explore(nodes: &str, depth: &str, small: bool) -> ExitCode {
+fn explore(nodes: &str, depth: &str, options: &[&str]) -> ExitCode {
     let (Ok(nodes @ 1..=2), Ok(depth)) = (nodes.parse::<u32>(), depth.parse::<usize>()) else {
         return usage("explore wants NODES (1 or 2) and DEPTH");
     };
-    let config = ExploreConfig {
-        executor_inputs: !small,
-        ..ExploreConfig::new(nodes, depth)
-    };
+    let mut config = ExploreConfig::new(nodes, depth);
+    for option in options {
+        let number = |prefix: &str| {
+            option
+                .strip_prefix(prefix)
+                .and_then(|n| n.parse::<u32>().ok())
+        };
+        if *option == "small" {
+            config.executor_inputs = false;
+        } else if *option == "no-probes" {
+            config.revision_probes = false;
+        } else if *option == "lifo" {
+            config.lifo_tail = true;
+        } else if *option == "ready" {
+            config.start = Start::Ready;
+        } else if *option == "held-crash" {
+            config.start = Start::HeldCreateCrash;
+        } else if let Some(count) = number("cap=") {
+            config.limits.push(LimitChange::Cap { count });
+        } else if let Some(count) = number("budget=") {
+            config.limits.push(LimitChange::Budget {
+                group: Group::A,
+                count,
+            });
+        } else if let Some(failures) = number("breaker=") {
+            config.limits.push(LimitChange::Breaker {
+                group: Group::A,
+                failures,
+                cooldown_ms: 5_000,
+            });
+        } else {
+            return usage(&format!("unknown explore option: {option}"));
+        }
+    }
     let started = Instant::now();
     let report = Explorer::new(FakeSubstrate::new).run(&config);
     let wall = started.elapsed().as_secs_f64();
@@ -149,8 +187,7 @@ fn main() -> ExitCode {
             _ => usage(&format!("not a trace count: {count}")),
         },
         ["replay", path] => replay(path),
-        ["explore", nodes, depth] => explore(nodes, depth, false),
-        ["explore", nodes, depth, "small"] => explore(nodes, depth, true),
+        ["explore", nodes, depth, options @ ..] => explore(nodes, depth, options),
         _ => usage("unknown arguments"),
     }
 }
