@@ -10,9 +10,46 @@
 //! ledger (live resources, queued work, waiting scripted replies) and the
 //! host's and executor's ledger ([`fingerprint`]).
 //!
-//! At every new state the oracle's safety checks have already run (each
-//! [`Stepper::step`] runs them); liveness is checked by replaying the state
-//! once more and running the fair tail, which must converge (G21–G24).
+//! # What "every interleaving to depth D" means
+//!
+//! An exploration is fixed by an [`ExploreConfig`]: the nodes (1 or 2), a
+//! trace header ([`ExploreConfig::header`]), operator limits
+//! ([`ExploreConfig::limits`]), a start configuration ([`Start`]) and the
+//! depth D. Together the first three give one fixed *setup prefix*
+//! ([`ExploreConfig::setup`]):
+//!
+//! | start | setup prefix (after `desire scale a 1` for one node, then `limit …` for each limit) |
+//! |---|---|
+//! | [`Start::Fresh`] | nothing: the first pass has submitted the creates, no call has run |
+//! | [`Start::Ready`] | `run fifo` ×3, `stream @i joined` for each node, `run fifo`: converged |
+//! | [`Start::HeldCreateCrash`] | `script create-lease hang; crash; run fifo`: recovered, a dead controller's create still held |
+//!
+//! The prefix is checked by the oracle like any input but not branched
+//! over. From the state it reaches, the explorer applies every sequence of
+//! at most D inputs of the [`alphabet`] (computed at each state; only the
+//! clock jump depends on the state), except that a sequence is not extended
+//! past a state whose fingerprint an earlier (no longer) sequence already
+//! reached. At every distinct state: the oracle's safety checks ran on
+//! every step to it (each [`Stepper::step`] runs them); the three revision
+//! probes are applied one after the other ([`ExploreConfig::revision_probes`];
+//! not branched on, because the oracle requires a probe to leave the
+//! driver's state and desired state unchanged, so a passing probe's
+//! successor is its parent but for the harness's input count); and, with
+//! [`ExploreConfig::liveness`], the fair tail run from it — completing work
+//! oldest-first, and newest-first as well with [`ExploreConfig::lifo_tail`] —
+//! must converge (G21–G24, G28, G30). A counterexample's
+//! [`Counterexample::length`] counts the inputs after the prefix; a
+//! probe's counterexample at a state of depth D is D + 1 long.
+//!
+//! Not covered, whatever D: other prefixes (an exploration from
+//! [`Start::Ready`] says nothing about a cluster that was brought up in
+//! another order, or with faults); other headers and limit values; inputs
+//! outside the alphabet (replies aimed at one call kind, other sessions
+//! than the first live one, other drift fields, lease or workload losses,
+//! other breaker settings, shape changes by more than one node); and
+//! differences between two states that the fingerprint does not see (the
+//! oracle's own bookkeeping is not in it, so two states the driver cannot
+//! tell apart merge even if the oracle would check them differently).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, VecDeque};
@@ -797,7 +834,7 @@ const ID_MARKERS: [(&str, usize); 4] = [
     ("-a", 0),
 ];
 
-/// Renames the ids in `text` (see [`ID_MARKERS`]) to their order of first
+/// Renames the ids in `text` (see `ID_MARKERS`) to their order of first
 /// appearance, one renaming per kind. A handle's `-aN-M` renames `N` as an
 /// attempt and `M` as a serial. Renaming by first appearance is a bijection
 /// per state and consistent across the whole text, so two texts normalise

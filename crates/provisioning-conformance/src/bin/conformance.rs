@@ -11,9 +11,10 @@
 //!                             depth D (G31); prints states and states/s. Options:
 //!                             `small` leaves out the executor-level and limit inputs;
 //!                             `no-probes` the revision probes; `lifo` also runs the
-//!                             liveness tail newest-first;
+//!                             liveness tail newest-first; `interleave`, `late-close`
+//!                             set those trace headers;
 //!                             `ready` / `held-crash` start from a converged cluster /
-//!                             a held create with a crash armed; `cap=K`, `budget=K`,
+//!                             a recovered crash with a create still held; `cap=K`, `budget=K`,
 //!                             `breaker=F` set a launch cap, group a's rollout budget,
 //!                             a breaker opening after F failures (5 s cool-down) first
 //! ```
@@ -46,7 +47,7 @@ fn say(text: impl std::fmt::Display) {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "{problem}\nusage: conformance [bench [TRACES] | replay FILE | explore NODES DEPTH [small] [no-probes] [lifo] [ready|held-crash] [cap=K] [budget=K] [breaker=F]]"
+        "{problem}\nusage: conformance [bench [TRACES] | replay FILE | explore NODES DEPTH [small] [no-probes] [lifo] [interleave] [late-close] [ready|held-crash] [cap=K] [budget=K] [breaker=F]]"
     );
     ExitCode::from(2)
 }
@@ -132,6 +133,10 @@ fn explore(nodes: &str, depth: &str, options: &[&str]) -> ExitCode {
             config.revision_probes = false;
         } else if *option == "lifo" {
             config.lifo_tail = true;
+        } else if *option == "interleave" {
+            config.header.interleave = true;
+        } else if *option == "late-close" {
+            config.header.late_close = true;
         } else if *option == "ready" {
             config.start = Start::Ready;
         } else if *option == "held-crash" {
@@ -156,6 +161,14 @@ fn explore(nodes: &str, depth: &str, options: &[&str]) -> ExitCode {
     let started = Instant::now();
     let report = Explorer::new(FakeSubstrate::new).run(&config);
     let wall = started.elapsed().as_secs_f64();
+    let setup = config.setup();
+    if !setup.is_empty() {
+        let inputs: Vec<String> = setup.iter().map(ToString::to_string).collect();
+        say(format_args!(
+            "setup prefix (not branched over): {}",
+            inputs.join("; ")
+        ));
+    }
     say(format_args!(
         "explore {nodes} node(s) depth {depth}: {report}{:.3} s wall, {:.0} transitions/s, {:.0} distinct states/s",
         wall,
@@ -163,9 +176,15 @@ fn explore(nodes: &str, depth: &str, options: &[&str]) -> ExitCode {
         report.distinct_states as f64 / wall.max(f64::MIN_POSITIVE)
     ));
     if let Some(found) = &report.counterexample {
+        let entry = found.to_regression();
         say(format_args!(
-            "reproduce: PROVISIONING_TRACE='{}' conformance",
-            found.trace.to_single_line()
+            "as a regression entry (save it to FILE; `conformance replay FILE` replays it):\n{}",
+            entry.to_entry()
+        ));
+        say(format_args!(
+            "reproduce: PROVISIONING_TRACE='{}' PROVISIONING_MODE={} conformance",
+            found.trace.to_single_line(),
+            entry.mode.name()
         ));
         return ExitCode::FAILURE;
     }
