@@ -189,7 +189,12 @@ async fn destroy_all(plugin: &SshPlugin, run: &RunId) -> Result<(), String> {
     Ok(())
 }
 
-async fn reconciler(plugin: Arc<SshPlugin>, run: &RunId, nodes: usize) -> Result<(), String> {
+async fn reconciler(
+    plugin: Arc<SshPlugin>,
+    run: &RunId,
+    nodes: usize,
+    baseline: &Baseline,
+) -> Result<Sample, String> {
     let mut config = HostConfig::new(run.clone());
     config.policy = RetryPolicy {
         endpoint_probe_interval: PROBE_INTERVAL,
@@ -212,11 +217,13 @@ async fn reconciler(plugin: Arc<SshPlugin>, run: &RunId, nodes: usize) -> Result
         .wait_for(|snapshot| snapshot.converged && snapshot.ready_count() == nodes)
         .await
         .is_ok();
-    // Teardown is not timed: the sample ends at convergence.
+    // The sample ends at convergence: the host's teardown is not timed
+    // (the direct variant's destroys are not either).
+    let sample = baseline.sample();
     handle.shutdown().await;
     host.join().await;
     if converged {
-        Ok(())
+        Ok(sample)
     } else {
         Err("the host stopped before convergence".to_owned())
     }
@@ -234,6 +241,32 @@ struct Sample {
 
 /// One figure of a [`Sample`].
 type SampleField = fn(&Sample) -> Duration;
+
+/// Where a bring-up started: the clock and both CPU times.
+struct Baseline {
+    started: Instant,
+    controller: Duration,
+    ssh: Duration,
+}
+
+impl Baseline {
+    fn now() -> Self {
+        Baseline {
+            started: Instant::now(),
+            controller: cpu_time(UsageWho::RUSAGE_SELF),
+            ssh: cpu_time(UsageWho::RUSAGE_CHILDREN),
+        }
+    }
+
+    /// What the bring-up cost from the baseline up to now.
+    fn sample(&self) -> Sample {
+        Sample {
+            wall: self.started.elapsed(),
+            controller_cpu: cpu_time(UsageWho::RUSAGE_SELF).saturating_sub(self.controller),
+            ssh_cpu: cpu_time(UsageWho::RUSAGE_CHILDREN).saturating_sub(self.ssh),
+        }
+    }
+}
 
 /// User plus system CPU time of `who` so far.
 fn cpu_time(who: UsageWho) -> Duration {
@@ -266,21 +299,22 @@ async fn measure(
     let plugin = SshPlugin::start(bed.config(&name, 1), agent)
         .await
         .map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    let controller_before = cpu_time(UsageWho::RUSAGE_SELF);
-    let ssh_before = cpu_time(UsageWho::RUSAGE_CHILDREN);
+    let baseline = Baseline::now();
     let brought_up = match variant {
         Variant::Direct => {
-            tokio::time::timeout(BRING_UP_BOUND, direct(plugin.clone(), &run, nodes)).await
+            tokio::time::timeout(BRING_UP_BOUND, async {
+                direct(plugin.clone(), &run, nodes).await?;
+                Ok(baseline.sample())
+            })
+            .await
         }
         Variant::Reconciler => {
-            tokio::time::timeout(BRING_UP_BOUND, reconciler(plugin.clone(), &run, nodes)).await
+            tokio::time::timeout(
+                BRING_UP_BOUND,
+                reconciler(plugin.clone(), &run, nodes, &baseline),
+            )
+            .await
         }
-    };
-    let sample = Sample {
-        wall: started.elapsed(),
-        controller_cpu: cpu_time(UsageWho::RUSAGE_SELF).saturating_sub(controller_before),
-        ssh_cpu: cpu_time(UsageWho::RUSAGE_CHILDREN).saturating_sub(ssh_before),
     };
     // Whatever happened, nothing of the run stays on the hosts.
     destroy_all(&plugin, &run).await?;
@@ -288,8 +322,8 @@ async fn measure(
     match brought_up {
         Err(_) => Err(format!("no bring-up within {BRING_UP_BOUND:?}")),
         Ok(Err(error)) => Err(error),
-        Ok(Ok(())) if left > 0 => Err(format!("{left} claim(s) left after teardown")),
-        Ok(Ok(())) => Ok(sample),
+        Ok(Ok(_)) if left > 0 => Err(format!("{left} claim(s) left after teardown")),
+        Ok(Ok(sample)) => Ok(sample),
     }
 }
 
