@@ -98,6 +98,10 @@ fn start_configurations() -> Vec<(&'static str, ExploreConfig)> {
         ),
         ("1 node, ready", ready(1)),
         (
+            "2 nodes, fresh, cap (creates in flight over a lowered cap)",
+            ExploreConfig::new(2, START_DEPTH).limit(CAP),
+        ),
+        (
             "1 node, held create and crash, newest-first tail too",
             ExploreConfig {
                 lifo_tail: true,

@@ -363,11 +363,16 @@ struct LimitState {
     counters: LimitCounters,
 }
 
-/// Pass-local bookkeeping of the rollout budgets: each group's unavailable
-/// count, computed the first time the pass needs it.
+/// Pass-local bookkeeping of the limits: each group's unavailable count,
+/// computed the first time the pass needs it, and the cleanup re-issues of
+/// creates this pass has still to dispatch, per provider.
 #[derive(Default)]
 struct PassBudget {
     unavailable: BTreeMap<GroupId, u32>,
+    /// Cleanup creates are never held back, but they take launch slots: a
+    /// launch earlier in slot order must leave room for them, or the pass
+    /// would end with more creates in flight than the cap allows.
+    cleanup_creates: BTreeMap<String, u32>,
 }
 
 /// The sole writer of [`ClusterState`]: folds observations, runs passes and
@@ -920,9 +925,21 @@ impl ClusterDriver {
     ) -> Option<Option<Timestamp>> {
         let group = id.group();
         match decision.action {
-            // Only a first create of an active node waits for a launch slot:
-            // the re-issue of an ambiguous create on a node being torn down
-            // is cleanup, never held back.
+            // The re-issue of an ambiguous create on a node being torn down
+            // is cleanup, never held back; it leaves the pass's reservation.
+            NodeAction::Dispatch(EffectKind::CreateLease)
+                if decision.rule != Rule::CreateLease && !budget.cleanup_creates.is_empty() =>
+            {
+                let node = self.state.nodes.get(id)?;
+                let provider = &node.spec.template().provider;
+                if let Some(n) = budget.cleanup_creates.get_mut(provider) {
+                    *n = n.saturating_sub(1);
+                }
+                None
+            }
+            // Only a first create of an active node waits for a launch slot,
+            // and only while the creates in flight, with the cleanup creates
+            // the pass is still to dispatch, fill the cap.
             NodeAction::Dispatch(EffectKind::CreateLease)
                 if decision.rule == Rule::CreateLease
                     && !self.limits.max_concurrent_creates.is_empty() =>
@@ -935,7 +952,8 @@ impl ClusterDriver {
                     .creates_in_flight
                     .get(provider)
                     .copied()
-                    .unwrap_or(0);
+                    .unwrap_or(0)
+                    .saturating_add(budget.cleanup_creates.get(provider).copied().unwrap_or(0));
                 if in_flight < cap {
                     return None;
                 }
@@ -1243,6 +1261,19 @@ impl ClusterDriver {
         }
         let mut errors = Vec::new();
         let mut budget = PassBudget::default();
+        if !self.limits.max_concurrent_creates.is_empty() {
+            for (id, decision) in &plan.decisions {
+                if decision.action == NodeAction::Dispatch(EffectKind::CreateLease)
+                    && decision.rule != Rule::CreateLease
+                    && let Some(node) = self.state.nodes.get(id)
+                {
+                    let provider = &node.spec.template().provider;
+                    if self.limits.max_concurrent_creates.contains_key(provider) {
+                        *budget.cleanup_creates.entry(provider.clone()).or_default() += 1;
+                    }
+                }
+            }
+        }
         for (id, mut decision) in plan.decisions {
             if decision.action != NodeAction::None {
                 if let Some(wake) = self.gate(&id, &decision, now, &mut budget) {

@@ -90,6 +90,54 @@ fn a_launch_cap_never_holds_back_cleanup() {
     assert_eq!(names(&teardown), ["create-lease g-0"]);
 }
 
+#[test]
+fn a_launch_leaves_room_for_the_cleanup_creates_of_its_pass() {
+    // Found by `conformance explore 2 3 cap=1`: a launch early in slot order
+    // took the last slot, then a cleanup re-issue later in the same pass (never
+    // held back) went out too, and the pass ended over the cap.
+    let mut d = driver();
+    d.set_limits(Limits {
+        max_concurrent_creates: BTreeMap::from([("fake".to_owned(), 2)]),
+        ..Limits::default()
+    });
+    d.update_desired(shape(1, vec![group("g", 2, "img")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    let creates = drive(&mut d, &mut sink, now);
+    assert_eq!(names(&creates), ["create-lease g-0", "create-lease g-1"]);
+    for op in &creates {
+        d.apply_executor_result(&reply(op, Err(EffectError::ambiguous("lost"))), now)
+            .unwrap();
+    }
+    d.set_limits(Limits {
+        max_concurrent_creates: BTreeMap::from([("fake".to_owned(), 1)]),
+        ..Limits::default()
+    });
+    d.update_desired(shape(2, vec![group("g", 1, "img")]))
+        .unwrap();
+    assert!(
+        drive(&mut d, &mut sink, now).is_empty(),
+        "both backoffs still run"
+    );
+    // Both are due in one pass: g-0 would re-launch, g-1 re-issues its
+    // ambiguous create as cleanup. Only the cleanup goes out.
+    let later = at(60_000);
+    let due = drive(&mut d, &mut sink, later);
+    assert_eq!(names(&due), ["create-lease g-1"]);
+    assert_eq!(d.creates_in_flight("fake"), 1);
+    assert!(d.limit_counters().held_by_cap > 0);
+    // The cleanup's answer frees the slot for g-0's launch.
+    d.apply_executor_result(&success(&due[0]), later).unwrap();
+    let next = drive(&mut d, &mut sink, later);
+    assert!(
+        names(&next).contains(&"create-lease g-0".to_owned()),
+        "{:?}",
+        names(&next)
+    );
+    assert!(d.creates_in_flight("fake") <= 1);
+}
+
 fn drifted_converge_counting_unready(
     d: &mut ClusterDriver,
     sink: &mut RecordingSink,
