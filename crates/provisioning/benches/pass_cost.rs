@@ -16,9 +16,9 @@ use provisioning::spawn::BoxFuture;
 use provisioning::{
     BootParams, BootstrapEvent, ClusterDriver, ClusterShape, EffectError, EffectKind, EffectOutput,
     Endpoint, EndpointLookup, ExecutorResult, Generation, GroupId, IdempotentEffectExecutor,
-    LeaseHandle, LogicalNodeId, ManagedNode, ManualSpawner, NodeGroup, NodeTemplate, Observation,
-    Operation, ProviderShape, RetryPolicy, RunId, RunOrder, SessionHandle, SwarmJoinTemplate,
-    Timestamp,
+    LeaseHandle, LogicalNodeId, LossCause, ManagedNode, ManualSpawner, NodeGroup, NodeTemplate,
+    Observation, Operation, ProviderShape, RetryPolicy, RunId, RunOrder, SessionHandle,
+    SwarmJoinTemplate, Timestamp,
 };
 
 /// Counts live and peak heap bytes, so memory per node is measured from the
@@ -193,6 +193,37 @@ fn thread_cpu_ticks() -> Option<u64> {
     Some(utime + stime)
 }
 
+/// Makes one node of every group unsteady for good: lost, its teardown's
+/// first step dispatched and never answered. Its group's slots are then
+/// walked one by one by a full pass (no group is known steady as a whole),
+/// each slot's steady bit read instead of its node.
+fn unsettle_one_per_group(setup: &mut BringUp) {
+    let now = Timestamp::ZERO;
+    let ids: Vec<LogicalNodeId> = setup
+        .driver
+        .desired()
+        .groups()
+        .keys()
+        .map(|g| LogicalNodeId::new(g.clone(), 0))
+        .collect();
+    for id in ids {
+        let attempt = setup.driver.state().nodes[&id].attempt;
+        let lost = Observation::NodeLost {
+            node: id,
+            attempt,
+            cause: LossCause::AgentGone,
+        };
+        setup
+            .driver
+            .apply_observation(&lost, now)
+            .expect("loss folds");
+    }
+    setup
+        .driver
+        .drive_until_blocked(now, &mut setup.executor)
+        .expect("drive");
+}
+
 fn steady_pass(setup: &mut BringUp, samples: usize) -> Duration {
     let now = Timestamp::from_millis(1);
     median(
@@ -293,6 +324,10 @@ fn main() {
                 RetryPolicy::default(),
             );
         }
+        let walked = std::env::var_os("BENCH_WALK").is_some();
+        if walked {
+            unsettle_one_per_group(&mut up);
+        }
         let cpu_before = thread_cpu_ticks();
         let pass = steady_pass(&mut up, passes);
         let cpu = thread_cpu_ticks().zip(cpu_before).map(|(after, before)| {
@@ -300,7 +335,8 @@ fn main() {
             (after - before) as f64 * 1e7 / passes as f64 / f64::from(n)
         });
         println!(
-            "{n} nodes: median steady pass {:.1} ns/node wall, mean {:.1} ns/node on the CPU",
+            "{n} nodes{}: median steady pass {:.2} ns/node wall, mean {:.2} ns/node on the CPU",
+            if walked { " (every slot walked)" } else { "" },
             per_node(pass, n),
             cpu.unwrap_or(f64::NAN)
         );
@@ -314,19 +350,25 @@ fn main() {
     };
     println!("# pass cost (median of repeated forced full passes, ns per node per pass)");
     println!(
-        "{:>8} {:>14} {:>16} {:>16}",
-        "nodes", "steady ns/node", "mid-bring-up ns/node", "floor ns/node"
+        "{:>8} {:>14} {:>14} {:>16} {:>16}",
+        "nodes", "steady ns/node", "walked ns/node", "mid-bring-up ns/node", "floor ns/node"
     );
     for &n in sizes {
         let samples = if n >= 100_000 { 11 } else { 31 };
         let mut up = bring_up(n, Delivery::Batch);
         let steady = steady_pass(&mut up, samples);
+        // The same cluster with one node per group kept unsteady: every
+        // slot is walked (the figure before the steady groups were skipped,
+        // less the reads of the nodes).
+        unsettle_one_per_group(&mut up);
+        let walked = steady_pass(&mut up, samples);
         drop(up);
         let mid = mid_bring_up_pass(n, samples);
         let floor = floor_scan(n, samples);
         println!(
-            "{n:>8} {:>14.1} {:>16.1} {:>16.1}",
+            "{n:>8} {:>14.2} {:>14.1} {:>16.1} {:>16.1}",
             per_node(steady, n),
+            per_node(walked, n),
             per_node(mid, n),
             per_node(floor, n)
         );

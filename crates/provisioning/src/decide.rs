@@ -387,11 +387,25 @@ impl<'a> Slot<'a> {
 pub(crate) fn walk_slots<'a>(
     state: &'a ClusterState,
     desired: &'a DesiredState,
+    visit: impl FnMut(Slot<'a>),
+) {
+    walk_slots_skipping(state, desired, &[], visit);
+}
+
+/// [`walk_slots`], leaving out the desired slots of the groups `skip`
+/// names by position in [`DesiredState::groups`] (a group past its end is
+/// walked): the caller vouches that each of those slots holds a node it
+/// needs no visit for. The walk jumps over them in the node map instead of
+/// stepping through them; the group's nodes past its count are visited.
+pub(crate) fn walk_slots_skipping<'a>(
+    state: &'a ClusterState,
+    desired: &'a DesiredState,
+    skip: &[bool],
     mut visit: impl FnMut(Slot<'a>),
 ) {
     let run_id = desired.run_id();
-    let mut nodes = state.nodes.iter().peekable();
-    for (group, wanted) in desired.groups() {
+    let mut nodes = state.nodes.range::<LogicalNodeId, _>(..).peekable();
+    for (position, (group, wanted)) in desired.groups().iter().enumerate() {
         let desire = SlotDesire::Template {
             run_id,
             template: wanted.template(),
@@ -408,6 +422,13 @@ pub(crate) fn walk_slots<'a>(
             });
         }
         let mut next_index = 0;
+        if skip.get(position).copied().unwrap_or(false) {
+            nodes = state
+                .nodes
+                .range(LogicalNodeId::new(group.clone(), count)..)
+                .peekable();
+            next_index = count;
+        }
         while let Some((id, node)) = nodes.next_if(|(id, _)| id.group() == group) {
             let index = id.index();
             let desired_slot = index < count;

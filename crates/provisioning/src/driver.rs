@@ -15,7 +15,8 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::decide::{
-    NodeAction, NodeDecision, Rule, Slot, SlotDesire, Wake, decide_slot, reconcile_node, walk_slots,
+    NodeAction, NodeDecision, Rule, Slot, SlotDesire, Wake, decide_slot, reconcile_node,
+    walk_slots, walk_slots_skipping,
 };
 use crate::durable::{
     ChangeSet, ChangeView, DURABLE_FORMAT, DurableEntry, DurableEntryRef, DurableMeta,
@@ -33,6 +34,7 @@ use crate::observe::{
 use crate::policy::RetryPolicy;
 use crate::shape::{ClusterShape, DesiredState, LogicalNodeSpec, ShapeError};
 use crate::state::{ClusterState, Intent, ManagedNode, NodeStage, PendingOperation, RetryState};
+use crate::steady::SteadySlots;
 use crate::time::{ClockSaturated, Timestamp};
 
 /// The most passes one [`ClusterDriver::drive_until_blocked`] call runs. A
@@ -395,6 +397,9 @@ pub struct ClusterDriver {
     /// How many transitions each node keeps; 0 keeps no history.
     history_depth: usize,
     history: BTreeMap<LogicalNodeId, NodeHistory>,
+    /// The slots a pass found in the ready steady state, unchanged since:
+    /// a full pass counts them without reading their nodes.
+    steady: SteadySlots,
 }
 
 impl ClusterDriver {
@@ -427,6 +432,7 @@ impl ClusterDriver {
             limit_state: LimitState::default(),
             history_depth: 0,
             history: BTreeMap::new(),
+            steady: SteadySlots::default(),
         };
         for node in driver.state.nodes.values() {
             if node
@@ -525,6 +531,9 @@ impl ClusterDriver {
             self.limit_state.breakers.remove(group);
         }
         self.desired = desired;
+        // What a slot is desired to be may have changed: every node is
+        // decided afresh by the next full pass.
+        self.steady.clear();
         self.meta_changed();
         if changed {
             self.schedule.full = true;
@@ -629,7 +638,10 @@ impl ClusterDriver {
         self.request_pass();
     }
 
+    /// Every change of a node (its insert, every fold, transition and
+    /// dispatch, its removal) passes through here.
     fn node_changed(&mut self, node: &LogicalNodeId) {
+        self.steady.remove(node);
         if let Some(changes) = &mut self.changes {
             if !changes.nodes.contains(node) {
                 changes.nodes.insert(node.clone());
@@ -1143,6 +1155,8 @@ impl ClusterDriver {
             fold(node)?;
             FoldableCondition::of(node) != condition
         };
+        // Folded, whether or not it changed what is journaled.
+        self.steady.remove(node_id);
         if changed {
             self.limit_events(node_id, before, now);
             self.note_history_of(node_id, now);
@@ -1164,14 +1178,50 @@ impl ClusterDriver {
         let dirty = std::mem::take(&mut self.schedule.dirty);
         let mut decisions = Vec::new();
         let mut evaluated = 0;
+        let steady = &mut self.steady;
+        let bound = SteadySlots::bound(self.state.nodes.len());
         if full {
             // Every slot; waits without a timer are left out because a full
-            // pass rebuilds every timer anyway.
-            walk_slots(&self.state, &self.desired, |slot| {
+            // pass rebuilds every timer anyway. A group whose every desired
+            // slot is known steady is counted, not walked.
+            let covered: Vec<bool> = self
+                .desired
+                .groups()
+                .iter()
+                .map(|(group, wanted)| {
+                    let covered = steady.covers(group, wanted.count());
+                    if covered {
+                        evaluated += wanted.count() as usize;
+                    }
+                    covered
+                })
+                .collect();
+            walk_slots_skipping(&self.state, &self.desired, &covered, |slot| {
+                if let Slot::Managed {
+                    id,
+                    desire: SlotDesire::Template { .. },
+                    ..
+                } = slot
+                    && steady.contains(id)
+                {
+                    // Decided steady since it and the shape last changed:
+                    // steady again, without a read of the node.
+                    evaluated += 1;
+                    return;
+                }
                 let (node, desire) = slot.parts();
                 let Some(decision) = decide_slot(node, desire, now) else {
                     return;
                 };
+                if let Slot::Managed {
+                    id,
+                    node,
+                    desire: SlotDesire::Template { .. },
+                } = slot
+                    && is_steady(&decision, node)
+                {
+                    steady.insert(id, bound);
+                }
                 evaluated += 1;
                 let timer = matches!(decision.wake, Some(Wake::Timer(_)));
                 if decision.action != NodeAction::None || timer {
@@ -1212,7 +1262,14 @@ impl ClusterDriver {
                         },
                         _ => SlotDesire::Undesired,
                     };
-                    decide_slot(node, desire, now)
+                    let decision = decide_slot(node, desire, now);
+                    if let (Some(decision), Some(node), SlotDesire::Template { .. }) =
+                        (decision, node, desire)
+                        && is_steady(&decision, node)
+                    {
+                        steady.insert(&id, bound);
+                    }
+                    decision
                 };
                 if let Some(decision) = decision {
                     evaluated += 1;
@@ -1865,6 +1922,13 @@ fn next_period_after(start: Timestamp, period: Duration, now: Timestamp) -> Time
             .as_millis()
             .saturating_add(periods.saturating_mul(period_ms)),
     )
+}
+
+/// Whether `decision` for `node` holds at every instant until the node or
+/// its slot's desired spec changes: the ready steady state with no stored
+/// backoff (a backoff in the past would still be compared with the clock).
+fn is_steady(decision: &NodeDecision, node: &ManagedNode) -> bool {
+    decision.rule == Rule::Steady && decision.wake.is_none() && node.retry.next_effect_at.is_none()
 }
 
 /// A history entry of `node`'s condition at `now`; a failed node's entry

@@ -61,6 +61,12 @@ impl GroupId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Whether both share one name allocation (and so are equal), without
+    /// reading the names.
+    pub(crate) fn shares_name_with(&self, other: &GroupId) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl fmt::Display for GroupId {

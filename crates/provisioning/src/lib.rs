@@ -104,6 +104,7 @@ pub mod policy;
 pub mod shape;
 pub mod spawn;
 pub mod state;
+mod steady;
 pub mod time;
 
 pub use decide::{NodeAction, NodeDecision, Plan, Rule, reconcile, reconcile_node};
