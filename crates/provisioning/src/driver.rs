@@ -46,6 +46,10 @@ pub const MAX_PASSES_PER_DRIVE: u32 = 16;
 /// the map) rebuilds the node map in one merge instead of node by node.
 const BULK_MERGE_MIN: usize = 64;
 
+/// The shortest list of touched nodes that is compacted (sorted, repeats
+/// dropped) before it grows further.
+const DIRTY_COMPACT_MIN: usize = 1024;
+
 /// Where the driver hands recorded operations.
 ///
 /// # Assumptions
@@ -305,7 +309,14 @@ enum PassStatus {
 #[derive(Debug, Default)]
 struct Schedule {
     full: bool,
-    dirty: BTreeSet<LogicalNodeId>,
+    /// Nodes touched since the last pass, in touch order, possibly more
+    /// than once, and possibly removed since: a pass sorts and dedups them
+    /// (a push per touch instead of a B-tree insert), and a removed node
+    /// has nothing to decide (its slot is undesired: a slot is reaped only
+    /// then, and a shape that makes it desired again queues a full pass).
+    dirty: Vec<LogicalNodeId>,
+    /// The length at which `dirty` is next compacted.
+    dirty_compact_at: usize,
     timer_of: BTreeMap<LogicalNodeId, Timestamp>,
     timers: BTreeSet<(Timestamp, LogicalNodeId)>,
     deadlines: BTreeSet<(Timestamp, LogicalNodeId)>,
@@ -330,7 +341,24 @@ impl Schedule {
 
     fn forget(&mut self, node: &LogicalNodeId) {
         self.set_timer(node, None);
-        self.dirty.remove(node);
+    }
+
+    /// Marks `node` for the next pass. Repeats are dropped whenever the
+    /// list doubled since they last were, so it holds at most about twice
+    /// as many ids as distinct nodes were touched.
+    fn mark_dirty(&mut self, node: &LogicalNodeId) {
+        if self.dirty.len() >= self.dirty_compact_at.max(DIRTY_COMPACT_MIN) {
+            self.dirty.sort_unstable();
+            self.dirty.dedup();
+            self.dirty_compact_at = self.dirty.len().saturating_mul(2);
+        }
+        self.dirty.push(node.clone());
+    }
+
+    /// Takes the touched nodes for a pass.
+    fn take_dirty(&mut self) -> Vec<LogicalNodeId> {
+        self.dirty_compact_at = 0;
+        std::mem::take(&mut self.dirty)
     }
 
     fn next_timer(&self) -> Option<Timestamp> {
@@ -633,7 +661,7 @@ impl ClusterDriver {
     }
 
     fn touch(&mut self, node: &LogicalNodeId) {
-        self.schedule.dirty.insert(node.clone());
+        self.schedule.mark_dirty(node);
         self.node_changed(node);
         self.request_pass();
     }
@@ -796,6 +824,7 @@ impl ClusterDriver {
             debug_assert!(folded.is_ok(), "a fold that cannot fail failed");
             folded?;
         }
+        let after = (node.record.stage == NodeStage::Failed, node.is_ready());
         let created =
             (pending.kind == EffectKind::CreateLease).then(|| node.spec.shared_template().clone());
         self.schedule
@@ -804,7 +833,7 @@ impl ClusterDriver {
         if let Some(template) = created {
             self.create_finished(&template.provider);
         }
-        self.limit_events(node_id, before, now);
+        self.limit_events(node_id, before, after, now);
         self.note_history_of(node_id, now);
         self.touch(node_id);
         Ok(())
@@ -829,20 +858,25 @@ impl ClusterDriver {
     /// What a fold means for the limits: a failed attempt counts towards its
     /// group's breaker; a node that became ready closes it and frees rollout
     /// budget for the drifted nodes that wait.
+    ///
+    /// `before` and `after` are whether the node was failed and ready
+    /// before and after the fold (passed in, so the common fold that changes
+    /// neither looks the node up only once).
     fn limit_events(
         &mut self,
         id: &LogicalNodeId,
         (was_failed, was_ready): (bool, bool),
+        (is_failed, is_ready): (bool, bool),
         now: Timestamp,
     ) {
-        let Some(after) = self.state.nodes.get(id) else {
-            return;
-        };
-        let failed = !was_failed && after.record.stage == NodeStage::Failed;
-        let became_ready = !was_ready && after.is_ready();
+        let failed = !was_failed && is_failed;
+        let became_ready = !was_ready && is_ready;
         if !failed && !became_ready {
             return;
         }
+        let Some(after) = self.state.nodes.get(id) else {
+            return;
+        };
         let last_error = after.retry.last_error.clone();
         let group = id.group();
         // The breaker changes (it counts a failure, opens again after a failed
@@ -1155,10 +1189,11 @@ impl ClusterDriver {
             fold(node)?;
             FoldableCondition::of(node) != condition
         };
+        let after = (node.record.stage == NodeStage::Failed, node.is_ready());
         // Folded, whether or not it changed what is journaled.
         self.steady.remove(node_id);
         if changed {
-            self.limit_events(node_id, before, now);
+            self.limit_events(node_id, before, after, now);
             self.note_history_of(node_id, now);
             self.touch(node_id);
         }
@@ -1175,7 +1210,7 @@ impl ClusterDriver {
     pub fn begin_pass(&mut self, now: Timestamp) -> Result<PassPlan, DriverError> {
         self.ensure_idle()?;
         let full = std::mem::take(&mut self.schedule.full);
-        let dirty = std::mem::take(&mut self.schedule.dirty);
+        let dirty = self.schedule.take_dirty();
         let mut decisions = Vec::new();
         let mut evaluated = 0;
         let steady = &mut self.steady;
@@ -1237,9 +1272,13 @@ impl ClusterDriver {
                 }
                 if let Some((_, id)) = schedule.timers.pop_first() {
                     schedule.timer_of.remove(&id);
-                    selected.insert(id);
+                    selected.push(id);
                 }
             }
+            // In slot order, each once. Touches mostly come in slot order
+            // (a batch's results in dispatch order), which the sort finds.
+            selected.sort_unstable();
+            selected.dedup();
             let run_id = self.desired.run_id();
             // Nearly every node a bring-up step selects has a decision:
             // sized once instead of grown (and copied) a dozen times.
@@ -1331,6 +1370,14 @@ impl ClusterDriver {
                 }
             }
         }
+        // Grown once, not doubled (and copied) through a bring-up's
+        // hundred thousand inserts.
+        let inserts = plan
+            .decisions
+            .iter()
+            .filter(|(_, d)| d.action == NodeAction::Insert)
+            .count();
+        self.inserted.reserve_exact(inserts);
         for (id, mut decision) in plan.decisions {
             if decision.action != NodeAction::None {
                 if let Some(wake) = self.gate(&id, &decision, now, &mut budget) {
@@ -1392,7 +1439,12 @@ impl ClusterDriver {
             // inserted only while it has no node); the build sorts and
             // deduplicates anyway, keeping the inserted node of a key.
             let old = std::mem::take(&mut self.state.nodes);
-            self.state.nodes = old.into_iter().chain(inserted).collect();
+            self.state.nodes = if old.is_empty() {
+                // Collected in place from the vector (no copy of it first).
+                inserted.into_iter().collect()
+            } else {
+                old.into_iter().chain(inserted).collect()
+            };
         } else {
             self.state.nodes.extend(inserted);
         }

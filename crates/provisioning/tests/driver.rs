@@ -986,3 +986,32 @@ fn time_near_the_end_of_the_clock_yields_errors_not_panics() {
     assert!(d.pending_operations_due(Timestamp::MAX).len() == 1);
     d.trigger_if_due(Timestamp::MAX);
 }
+
+#[test]
+fn an_incremental_pass_decides_a_node_once_however_often_it_was_touched() {
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let start = started(&mut d, &mut sink, at(0));
+    d.drive_until_blocked(at(0), &mut sink).unwrap();
+    sink.take();
+    // Thousands of facts that each change the node, between two passes.
+    for i in 0..3_000 {
+        let progress = if i % 2 == 0 {
+            BootstrapProgress::Connecting
+        } else {
+            BootstrapProgress::Connected
+        };
+        d.apply_observation(
+            &bootstrap(&start, BootstrapEvent::Progress(progress)),
+            at(0),
+        )
+        .unwrap();
+    }
+    let plan = d.begin_pass(at(0)).unwrap();
+    assert!(!plan.is_full());
+    assert_eq!(plan.evaluated(), 1);
+    assert_eq!(plan.decisions().len(), 1, "{:?}", plan.decisions());
+    d.finish_pass(plan, &mut sink).unwrap();
+}
