@@ -17,17 +17,27 @@ use crate::id::{GroupId, LogicalNodeId};
 /// node and the desired shape last changed".
 #[derive(Debug, Default)]
 pub(crate) struct SteadySlots {
-    /// A handful of groups: found by pointer (the driver's ids share their
-    /// group's name with the desired state), else by name.
+    /// In group-name order; found by pointer when there are a few (the
+    /// driver's ids share their group's name with the desired state), else
+    /// by a binary search on the name.
     groups: Vec<(GroupId, Vec<u64>)>,
 }
 
 impl SteadySlots {
     fn find(&self, group: &GroupId) -> Option<usize> {
-        self.groups
-            .iter()
-            .position(|(g, _)| g.shares_name_with(group))
-            .or_else(|| self.groups.iter().position(|(g, _)| g == group))
+        // A few groups: by pointer first (the driver's ids share their
+        // group's name), which reads no name. Otherwise, or when the id was
+        // made apart, a binary search: the list is kept in name order, so a
+        // shape with many groups does not pay a scan per node change.
+        if self.groups.len() <= 8
+            && let Some(at) = self
+                .groups
+                .iter()
+                .position(|(g, _)| g.shares_name_with(group))
+        {
+            return Some(at);
+        }
+        self.groups.binary_search_by(|(g, _)| g.cmp(group)).ok()
     }
 
     /// Whether the slot's bit is set.
@@ -75,8 +85,9 @@ impl SteadySlots {
         let at = match self.find(id.group()) {
             Some(at) => at,
             None => {
-                self.groups.push((id.group().clone(), Vec::new()));
-                self.groups.len() - 1
+                let at = self.groups.partition_point(|(g, _)| g < id.group());
+                self.groups.insert(at, (id.group().clone(), Vec::new()));
+                at
             }
         };
         let words = &mut self.groups[at].1;
@@ -146,5 +157,23 @@ mod tests {
             set.remove(&LogicalNodeId::new(c.clone(), count - 1));
             assert!(!set.covers(&c, count), "{count}");
         }
+    }
+
+    #[test]
+    fn many_groups_are_found_by_name_in_any_insert_order() {
+        let mut set = SteadySlots::default();
+        let names: Vec<String> = (0..20).rev().map(|g| format!("g{g:02}")).collect();
+        for name in &names {
+            set.insert(&LogicalNodeId::new(GroupId::new(name.as_str()), 1), 100);
+        }
+        for name in &names {
+            // A fresh id: another allocation of the same name.
+            let id = LogicalNodeId::new(GroupId::new(name.as_str()), 1);
+            assert!(set.contains(&id), "{name}");
+            assert!(!set.contains(&LogicalNodeId::new(GroupId::new(name.as_str()), 2)));
+        }
+        set.remove(&LogicalNodeId::new(GroupId::new("g07"), 1));
+        assert!(!set.contains(&LogicalNodeId::new(GroupId::new("g07"), 1)));
+        assert!(set.contains(&LogicalNodeId::new(GroupId::new("g08"), 1)));
     }
 }
