@@ -27,6 +27,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use nix::sys::resource::{UsageWho, getrusage};
 use provisioning::observe::BootstrapEvent;
+/// The allocator `provision` runs with (crates/provision-cli/src/main.rs);
+/// `--features bench-system-allocator` measures the system allocator's.
+#[cfg(not(feature = "bench-system-allocator"))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use provisioning::{
     BootParams, ClusterShape, Endpoint, EndpointLookup, Generation, GroupId, LeaseHandle,
     LogicalNodeSpec, NodeGroup, NodeTemplate, ProviderShape, RunId, SessionHandle,
