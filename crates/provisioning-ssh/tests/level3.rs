@@ -79,7 +79,7 @@ const NOT_REACHED: [(&str, &str); 1] = [(
          of `provision up` over SSH is checked end to end by the CLI's e2e_ssh tests",
 )];
 
-const WRITTEN_TRACES: [&str; 7] = [
+const WRITTEN_TRACES: [&str; 9] = [
     // Creates meet an exhausted inventory, then every sshd stopped; later
     // creates are cut off mid-call by a partition, once after the claim
     // was made and once before.
@@ -128,6 +128,17 @@ const WRITTEN_TRACES: [&str; 7] = [
     // the claim it made (adoption after recovery).
     "script create-lease hang; run one 0; crash; release; tick 1000ms; run fifo; run fifo; \
      run fifo; run fifo; stream @0 joined; run fifo",
+    // Each kind of loss once more, from a freshly converged pair, so that
+    // every loss is reached by two written paths: the long trace above
+    // takes its third loss only when both replacements joined in time, and
+    // a loss with no ready node to take is a no-op. Each loss here picks
+    // whichever node is still ready (the other is being replaced).
+    "run fifo; run fifo; run fifo; stream @0 joined; stream @1 joined; run fifo; \
+     lose @1 lease; run fifo; run fifo; lose @0 workload; run fifo; run fifo; tick 1000ms; \
+     run fifo; run fifo; run fifo",
+    "run fifo; run fifo; run fifo; stream @0 joined; stream @1 joined; run fifo; \
+     lose @0 agent; run fifo; run fifo; lose @1 lease; run fifo; run fifo; tick 1000ms; \
+     run fifo; run fifo; run fifo",
 ];
 
 /// Fails with the survivors when any run of `context` still has an agent,
