@@ -12,7 +12,7 @@ use provisioning::limits::{LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
     ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult,
-    LogicalNodeId, Observation, OperationId, RetryPolicy, Timestamp,
+    LogicalNodeId, NodeHistory, Observation, OperationId, RetryPolicy, Timestamp,
 };
 
 /// The operations of [`ClusterDriver`] the harness uses. See its docs for
@@ -113,6 +113,28 @@ pub trait DriverUnderTest {
     fn limit_counters(&self) -> LimitCounters {
         LimitCounters::default()
     }
+
+    /// See [`ClusterDriver::set_history_depth`]; returns whether this driver
+    /// keeps node histories. The default keeps none and returns `false` (the
+    /// oracle's history check then passes vacuously).
+    fn set_history_depth(&mut self, depth: usize) -> bool {
+        let _ = depth;
+        false
+    }
+
+    /// See [`ClusterDriver::history`]. The default keeps none.
+    fn history(&self, id: &LogicalNodeId) -> Option<&NodeHistory> {
+        let _ = id;
+        None
+    }
+
+    /// See [`ClusterDriver::creates_in_flight`] (what a host shows and the
+    /// launch cap counts). The default does not count (`None`: the oracle's
+    /// check of the count passes vacuously).
+    fn creates_in_flight(&self, provider: &str) -> Option<u32> {
+        let _ = provider;
+        None
+    }
 }
 
 impl DriverUnderTest for ClusterDriver {
@@ -199,5 +221,18 @@ impl DriverUnderTest for ClusterDriver {
 
     fn limit_counters(&self) -> LimitCounters {
         ClusterDriver::limit_counters(self).clone()
+    }
+
+    fn set_history_depth(&mut self, depth: usize) -> bool {
+        ClusterDriver::set_history_depth(self, depth);
+        true
+    }
+
+    fn history(&self, id: &LogicalNodeId) -> Option<&NodeHistory> {
+        ClusterDriver::history(self, id)
+    }
+
+    fn creates_in_flight(&self, provider: &str) -> Option<u32> {
+        Some(ClusterDriver::creates_in_flight(self, provider))
     }
 }

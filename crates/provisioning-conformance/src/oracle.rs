@@ -419,6 +419,50 @@ pub(crate) fn g17_undesired_slots_are_not_active(
     Ok(())
 }
 
+/// G04 (report form): what a drive reports it dispatched is what its sink
+/// received. The kit's sink accepts every operation, so nothing may be
+/// reported refused; a host counts and meters operations from this report.
+pub(crate) fn g04_drive_report_matches_sink(
+    reported_dispatched: usize,
+    reported_refused: usize,
+    accepted: usize,
+) -> Verdict {
+    ensure(
+        reported_dispatched == accepted && reported_refused == 0,
+        GuaranteeId::RecordBeforeDispatch,
+        || {
+            format!(
+                "a drive reported {reported_dispatched} operations dispatched and {reported_refused} refused, but its sink accepted {accepted} and refused none"
+            )
+        },
+    )
+}
+
+/// G26 (report form): recovery reports what the journal held: every
+/// stored node, every stored pending operation made ambiguous, the stored
+/// generation, and no allocator mark it had to raise (the kit's journal is
+/// written by a correct writer, so a raised mark is a recovery that misread
+/// it). An operator reads this report when `up` resumes a run.
+pub(crate) fn g26_recovery_reports_what_it_recovered(
+    report: &provisioning::durable::RecoveryReport,
+    stored_nodes: usize,
+    stored_pending: usize,
+    stored_generation: provisioning::Generation,
+) -> Verdict {
+    ensure(
+        report.nodes == stored_nodes
+            && report.pending_made_ambiguous == stored_pending
+            && report.generation == stored_generation
+            && !report.allocator_raised,
+        GuaranteeId::CrashSafety,
+        || {
+            format!(
+                "recovery reported {report:?}, but the journal held {stored_nodes} nodes, {stored_pending} pending operations and generation {stored_generation:?}, written by a correct writer"
+            )
+        },
+    )
+}
+
 /// G19 (state form): a converged cluster has nothing to requeue.
 pub(crate) fn g19_converged_has_no_requeue(
     converged: bool,
@@ -429,6 +473,153 @@ pub(crate) fn g19_converged_has_no_requeue(
         GuaranteeId::Quiescence,
         || format!("the cluster is converged but requeues at {requeue_at:?}"),
     )
+}
+
+/// G19 (plan form): a settled driver agrees with a full pass of the pure
+/// decider over the same state. The decider would take no step (a step it
+/// would take is one the driver's incremental passes missed), and the
+/// driver's timer is the plan's earliest wake (a timer set later than that
+/// stalls a node; one set earlier spins the host). Only meaningful while no
+/// operator limit is in force: the decider does not know about the launch
+/// cap, the rollout budget or the breakers, which hold steps back on
+/// purpose and add wakes of their own.
+pub(crate) fn g19_settled_driver_agrees_with_plan(
+    state: &ClusterState,
+    desired: &DesiredState,
+    now: Timestamp,
+    requeue_at: Option<Timestamp>,
+) -> Verdict {
+    let plan = provisioning::reconcile(state, desired, now);
+    if let Some(step) = plan.actions.first() {
+        return Err(breach(
+            GuaranteeId::Quiescence,
+            format!(
+                "the driver settled, but a full pass of the decider would still act: {} {:?} (row {:?}){}",
+                step.node,
+                step.action,
+                step.rule,
+                if plan.actions.len() > 1 {
+                    format!(" and {} more", plan.actions.len() - 1)
+                } else {
+                    String::new()
+                }
+            ),
+        ));
+    }
+    ensure(
+        plan.requeue_at.map(Timestamp::as_millis) == requeue_at.map(Timestamp::as_millis),
+        GuaranteeId::Quiescence,
+        || {
+            format!(
+                "the settled driver wakes at {requeue_at:?}, but the decider's plan asks for {:?}",
+                plan.requeue_at
+            )
+        },
+    )
+}
+
+/// What a node's history entry says of it: attempt, stage, whether it is
+/// being torn down, whether it is ready.
+pub(crate) type Condition = (NodeAttemptId, NodeStage, bool, bool);
+
+/// The condition of `node`, by the kit's reading of its fields.
+pub(crate) fn condition(node: &ManagedNode) -> Condition {
+    (
+        node.attempt,
+        node.record.stage,
+        node.intent == Intent::Deleting,
+        node.is_ready(),
+    )
+}
+
+/// G32 (history form): a node's kept history agrees with the node. Its
+/// newest entry describes the node's present attempt, stage, intent and
+/// readiness (a failed node's entry carries the failure's reason); it keeps
+/// at most `depth` entries, in time order, none later than `now`; a node
+/// that changed since the controller started has a history (one that did
+/// not may have none: histories are not journaled); a removed node has none.
+pub(crate) fn g32_history_agrees_with_nodes(
+    state: &ClusterState,
+    history: &dyn Fn(&LogicalNodeId) -> Option<provisioning::NodeHistory>,
+    at_start: &BTreeMap<LogicalNodeId, Condition>,
+    removed: &BTreeSet<LogicalNodeId>,
+    depth: usize,
+    now: Timestamp,
+) -> Verdict {
+    for id in removed {
+        ensure(history(id).is_none(), GuaranteeId::StageCoherence, || {
+            format!("{id} was removed, but its history is still kept")
+        })?;
+    }
+    for (id, node) in &state.nodes {
+        let now_condition = condition(node);
+        let kept = history(id);
+        let entries: Vec<provisioning::Transition> = kept
+            .map(|h| h.entries().cloned().collect())
+            .unwrap_or_default();
+        let Some(newest) = entries.last() else {
+            ensure(
+                at_start.get(id) == Some(&now_condition),
+                GuaranteeId::StageCoherence,
+                || {
+                    format!(
+                        "{} changed since the controller started (now {:?}), but its history is empty",
+                        label(id, node),
+                        node.record.stage
+                    )
+                },
+            )?;
+            continue;
+        };
+        ensure(entries.len() <= depth, GuaranteeId::StageCoherence, || {
+            format!(
+                "{} keeps {} history entries, over the depth of {depth}",
+                label(id, node),
+                entries.len()
+            )
+        })?;
+        let ordered = entries
+            .windows(2)
+            .all(|pair| pair[0].at.as_millis() <= pair[1].at.as_millis());
+        ensure(
+            ordered && newest.at.as_millis() <= now.as_millis(),
+            GuaranteeId::StageCoherence,
+            || {
+                format!(
+                    "{}'s history is out of time order or ahead of the clock",
+                    label(id, node)
+                )
+            },
+        )?;
+        let said = (newest.attempt, newest.stage, newest.deleting, newest.ready);
+        ensure(said == now_condition, GuaranteeId::StageCoherence, || {
+            format!(
+                "{}'s newest history entry says {said:?}, but the node is {now_condition:?}",
+                label(id, node)
+            )
+        })?;
+        if node.record.stage == NodeStage::Failed {
+            // The failure's entry, or the teardown's that names it.
+            let reason = node.record.failure.as_ref().map(|f| f.reason.as_str());
+            ensure(
+                reason.is_some_and(|reason| {
+                    newest
+                        .reason
+                        .as_deref()
+                        .is_some_and(|said| said.contains(reason))
+                }),
+                GuaranteeId::StageCoherence,
+                || {
+                    format!(
+                        "failed {}'s newest history entry gives the reason {:?}, the record {reason:?}",
+                        label(id, node),
+                        newest.reason
+                    )
+                },
+            )?;
+        }
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -1523,6 +1714,38 @@ pub(crate) fn describe_node(id: &LogicalNodeId, node: &ManagedNode) -> String {
         text.push_str(&format!(" ambiguous {} {}", ambiguous.kind, ambiguous.op));
     }
     text
+}
+
+/// G29 (count form): the driver's count of creates in flight for a provider
+/// (what the launch cap is held against, and what a host shows) is the
+/// number of its nodes with a create pending.
+pub(crate) fn g29_creates_in_flight_are_counted(
+    state: &ClusterState,
+    provider: &str,
+    counted: Option<u32>,
+) -> Verdict {
+    let Some(counted) = counted else {
+        return Ok(());
+    };
+    let pending = state
+        .nodes
+        .values()
+        .filter(|n| {
+            n.spec.template().provider == provider
+                && n.pending
+                    .as_ref()
+                    .is_some_and(|p| p.kind == EffectKind::CreateLease)
+        })
+        .count();
+    ensure(
+        u32::try_from(pending).ok() == Some(counted),
+        GuaranteeId::BudgetsHold,
+        || {
+            format!(
+                "the driver counts {counted} creates in flight for provider {provider}, but {pending} nodes have one pending"
+            )
+        },
+    )
 }
 
 /// G29, launch cap: when a drive started a first create (of an active

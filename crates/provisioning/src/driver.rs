@@ -1525,18 +1525,21 @@ impl ClusterDriver {
         Ok(())
     }
 
-    /// Why a teardown of `id` begins, in words (for its history).
+    /// Why a teardown of `id` begins, in words (for its history). A failed
+    /// attempt names its failure first, even when its slot was also scaled
+    /// away or drifted: the entry shows the `Failed` stage, and the reason
+    /// must say what failed.
     fn teardown_reason(&self, id: &LogicalNodeId) -> String {
         let Some(node) = self.state.nodes.get(id) else {
             return "torn down".to_owned();
         };
+        if let Some(failure) = &node.record.failure {
+            return format!("failed: {}", failure.reason);
+        }
         match self.desired.spec(id) {
             None => "scaled down: the slot is no longer desired".to_owned(),
             Some(spec) if spec != node.spec => "drifted: the group's spec changed".to_owned(),
-            Some(_) => match &node.record.failure {
-                Some(failure) => format!("failed: {}", failure.reason),
-                None => "torn down".to_owned(),
-            },
+            Some(_) => "torn down".to_owned(),
         }
     }
 

@@ -130,3 +130,54 @@ fn scale_down_says_why_and_a_reaped_node_forgets_its_history() {
     assert!(d.history(&node("g-1")).is_none(), "reaped with its node");
     assert!(d.history(&node("g-0")).is_some());
 }
+
+#[test]
+fn a_failed_node_whose_slot_is_also_scaled_away_names_its_failure_in_the_teardown() {
+    let mut d = driver();
+    d.set_history_depth(8);
+    d.update_desired(shape(1, vec![group("g", 1, "img")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    let mut failed = false;
+    for _ in 0..16 {
+        d.drive_until_blocked(now, &mut sink).unwrap();
+        for op in sink.take() {
+            let outcome = if op.kind() == EffectKind::StartBootstrap {
+                failed = true;
+                reply(&op, Err(EffectError::definite("sh: srve: not found")))
+            } else {
+                success(&op)
+            };
+            d.apply_executor_result(&outcome, now).unwrap();
+        }
+        if failed {
+            break;
+        }
+    }
+    assert!(failed, "the start was dispatched");
+    assert_eq!(
+        d.state().nodes[&node("g-0")].record.stage,
+        NodeStage::Failed
+    );
+    // The slot goes away before the pass that begins the teardown: the
+    // teardown entry still shows the Failed stage, so it names the failure.
+    d.update_desired(shape(2, vec![group("g", 0, "img")]))
+        .unwrap();
+    d.drive_until_blocked(at(1), &mut sink).unwrap();
+    let teardown = d
+        .history(&node("g-0"))
+        .unwrap()
+        .entries()
+        .find(|t| t.deleting)
+        .cloned()
+        .expect("the teardown is noted");
+    assert_eq!(teardown.stage, NodeStage::Failed);
+    assert!(
+        teardown
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("failed: ") && r.contains("srve: not found")),
+        "{teardown:?}"
+    );
+}

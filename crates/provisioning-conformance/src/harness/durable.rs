@@ -430,7 +430,9 @@ impl<S: Substrate> Harness<S> {
             .iter()
             .filter_map(|e| e.node.pending.clone().map(|p| (e.node.node.clone(), p)))
             .collect();
-        let (driver, _report) = match (self.recovery)(&self.setup, stored, self.now) {
+        let stored_nodes = stored.nodes.len();
+        let stored_generation = stored.meta.desired.generation;
+        let (driver, report) = match (self.recovery)(&self.setup, stored, self.now) {
             Ok(recovered) => recovered,
             Err(RecoveryError::Clock(_)) => {
                 // G13's edge: a clock at its end cannot take the recovered
@@ -480,6 +482,7 @@ impl<S: Substrate> Harness<S> {
         self.driver = driver;
         // The limits are configuration: the new controller is given them too.
         self.driver.set_limits(self.limits.clone());
+        self.history_watch = super::HistoryWatch::start(self.driver.as_mut());
         // Folds after the last commit die with the controller, and recovery
         // folds every journaled pending operation as ambiguous: the kit's
         // failure counts restart from the recovered ones (an approximation —
@@ -494,6 +497,12 @@ impl<S: Substrate> Harness<S> {
         self.check(oracle::g26_recovery_made_pending_ambiguous(
             self.driver.state(),
             &pending,
+        ))?;
+        self.check(oracle::g26_recovery_reports_what_it_recovered(
+            &report,
+            stored_nodes,
+            pending.len(),
+            stored_generation,
         ))?;
         self.durable.recovered_ambiguous = pending
             .iter()

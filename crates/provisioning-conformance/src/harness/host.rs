@@ -51,6 +51,7 @@ impl<S: Substrate> Harness<S> {
             detail: format!("the driver could not be built: {error}"),
         })?;
         driver.track_changes();
+        let history_watch = super::HistoryWatch::start(driver.as_mut());
         let now = Timestamp::from_millis(header.clock_start_ms);
         let durable = DurableSide::new(now, &options.host);
         if header.late_close {
@@ -91,6 +92,7 @@ impl<S: Substrate> Harness<S> {
             calls: Vec::new(),
             vacuity,
             limits: provisioning::Limits::default(),
+            history_watch,
             edges_reached: false,
             converged: false,
             tail_rounds: 0,
@@ -510,6 +512,13 @@ impl<S: Substrate> Harness<S> {
             }
             Err(error) => return Err(self.unexpected("a pass", error)),
         };
+        if let Ok(report) = &outcome {
+            self.check(oracle::g04_drive_report_matches_sink(
+                report.dispatched,
+                report.refused,
+                batch.operations.len(),
+            ))?;
+        }
         self.check_drive(&pre, edge)?;
         self.hand_out(batch)?;
         Ok(passes > 0)
@@ -607,6 +616,9 @@ impl<S: Substrate> Harness<S> {
         let mut drifted_groups = BTreeSet::new();
         for change in oracle::slot_changes(pre, post) {
             if oracle::is_drift_takedown(&change, self.driver.desired()) {
+                if self.limits.max_unavailable.contains_key(change.id.group()) {
+                    self.vacuity.budget_rollouts += 1;
+                }
                 drifted_groups.insert(change.id.group().clone());
             }
         }
@@ -921,9 +933,60 @@ impl<S: Substrate> Harness<S> {
                     self.driver.is_converged(),
                     self.driver.requeue_at(),
                 )
+            })
+            .and_then(|()| {
+                oracle::g29_creates_in_flight_are_counted(
+                    state,
+                    super::PROVIDER_KIND,
+                    self.driver.creates_in_flight(super::PROVIDER_KIND),
+                )
+            })
+            .and_then(|()| {
+                let limited = !self.limits.max_concurrent_creates.is_empty()
+                    || !self.limits.max_unavailable.is_empty()
+                    || !self.limits.breakers.is_empty();
+                if settled && !self.edges_reached && !limited {
+                    oracle::g19_settled_driver_agrees_with_plan(
+                        state,
+                        desired,
+                        self.now,
+                        self.driver.requeue_at(),
+                    )
+                } else {
+                    Ok(())
+                }
             });
         self.check(verdict)?;
         self.highest_generation = highest;
+        self.check_history()?;
+        Ok(())
+    }
+
+    /// G32 (history form): the driver's node histories agree with its nodes.
+    fn check_history(&mut self) -> Result<(), Violation> {
+        let watch = &self.history_watch;
+        if watch.depth == 0 {
+            return Ok(());
+        }
+        let state = self.driver.state();
+        let removed: BTreeSet<LogicalNodeId> = watch
+            .seen
+            .iter()
+            .filter(|id| !state.nodes.contains_key(*id))
+            .cloned()
+            .collect();
+        let driver = &self.driver;
+        let history = |id: &LogicalNodeId| driver.history(id).cloned();
+        let verdict = oracle::g32_history_agrees_with_nodes(
+            state,
+            &history,
+            &watch.at_start,
+            &removed,
+            watch.depth,
+            self.now,
+        );
+        self.check(verdict)?;
+        self.history_watch.seen = self.driver.state().nodes.keys().cloned().collect();
         Ok(())
     }
 

@@ -187,6 +187,11 @@ pub struct Vacuity {
     /// A ready drifted node waited while its group's rollout budget was
     /// spent (the driver's count, informational).
     pub budget_held: u64,
+    /// A ready drifted node of a group under a rollout budget was taken down
+    /// for its replacement (the kit's own count, from the state before and
+    /// after a pass: a budget that never lets a replacement through leaves
+    /// it at zero).
+    pub budget_rollouts: u64,
     /// A group's breaker opened (the driver's count, informational).
     pub breakers_opened: u64,
     /// A breaker let a probe attempt through (the driver's count).
@@ -232,6 +237,7 @@ impl Vacuity {
         vec![
             ("cap reached", self.cap_reached),
             ("budget held a replacement back", self.budget_held),
+            ("budget let a replacement through", self.budget_rollouts),
             ("breaker opened", self.breakers_opened),
             ("breaker probe", self.breaker_probes),
         ]
@@ -254,6 +260,7 @@ impl Vacuity {
         self.crash_capable_runs += other.crash_capable_runs;
         self.cap_reached += other.cap_reached;
         self.budget_held += other.budget_held;
+        self.budget_rollouts += other.budget_rollouts;
         self.breakers_opened += other.breakers_opened;
         self.breaker_probes += other.breaker_probes;
         self.resubmissions += other.resubmissions;
@@ -408,6 +415,44 @@ struct ExecutorWatch {
     convergence_reported: BTreeSet<NodeAttemptId>,
 }
 
+/// How many transitions per node the harness asks the driver to keep: few,
+/// so that dropping the oldest entry is exercised too.
+const HISTORY_DEPTH: usize = 3;
+
+/// The kit's watch on the driver's node histories (G32, history form).
+#[derive(Debug, Default)]
+struct HistoryWatch {
+    /// Entries the driver keeps per node; 0 when it keeps no history.
+    depth: usize,
+    /// Each node's condition when the controller started: histories are
+    /// not journaled, so a recovered node has none until it changes.
+    at_start: BTreeMap<LogicalNodeId, oracle::Condition>,
+    /// The nodes present at the last check.
+    seen: BTreeSet<LogicalNodeId>,
+}
+
+impl HistoryWatch {
+    /// Asks a freshly built or recovered `driver` to keep histories, and
+    /// notes where its nodes start.
+    fn start(driver: &mut dyn DriverUnderTest) -> Self {
+        let depth = if driver.set_history_depth(HISTORY_DEPTH) {
+            HISTORY_DEPTH
+        } else {
+            0
+        };
+        let state = driver.state();
+        HistoryWatch {
+            depth,
+            at_start: state
+                .nodes
+                .iter()
+                .map(|(id, node)| (id.clone(), oracle::condition(node)))
+                .collect(),
+            seen: state.nodes.keys().cloned().collect(),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Delivery {
     Result(ExecutorResult),
@@ -456,6 +501,7 @@ struct Harness<S: Substrate> {
     /// The limits the trace set, as the kit models them (the oracle's G29
     /// checks read these, never the driver's).
     limits: provisioning::Limits,
+    history_watch: HistoryWatch,
     edges_reached: bool,
     converged: bool,
     tail_rounds: usize,

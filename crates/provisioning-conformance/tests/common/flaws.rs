@@ -100,6 +100,24 @@ impl OperationSink for Swallowing<'_> {
     }
 }
 
+/// Counts the operations handed on to the harness's sink.
+struct Counting<'a> {
+    sink: &'a mut dyn OperationSink,
+    accepted: usize,
+}
+
+impl OperationSink for Counting<'_> {
+    fn submit(&mut self, operation: Operation) -> Result<(), SubmitError> {
+        self.sink.submit(operation)?;
+        self.accepted += 1;
+        Ok(())
+    }
+
+    fn attempt_retired(&mut self, attempt: NodeAttemptId) {
+        self.sink.attempt_retired(attempt);
+    }
+}
+
 /// Rebuilds `inner` from its own state after `edit`, as if the state had
 /// been stored and reloaded by a faulty persistence layer.
 fn rebuild(inner: &mut ClusterDriver, mut edit: impl FnMut(&mut ClusterState) -> bool) {
@@ -214,6 +232,49 @@ impl Broken {
 
     /// A pass in which a node that begins deletion keeps its stored backoff
     /// and so does not start its cleanup.
+    /// Drives the inner driver through this flaw's distortion.
+    fn drive_flawed(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+    ) -> Result<DriveReport, DriverError> {
+        match self.flaw {
+            Flaw::DispatchesUnrecorded => self
+                .inner
+                .drive_until_blocked(now, &mut Duplicating { sink }),
+            Flaw::IgnoresBackoff => {
+                rebuild(&mut self.inner, |state| {
+                    let mut waited = false;
+                    for node in state.nodes.values_mut() {
+                        waited |= node.retry.next_effect_at.is_some_and(|t| t > now)
+                            || node.retry.restart_at.is_some_and(|t| t > now);
+                        node.retry.next_effect_at = None;
+                        node.retry.restart_at = None;
+                    }
+                    waited
+                });
+                self.inner.drive_until_blocked(now, sink)
+            }
+            Flaw::ForgetsAmbiguity => {
+                rebuild(&mut self.inner, |state| {
+                    let mut forgot = false;
+                    for node in state.nodes.values_mut() {
+                        forgot |= node.retry.ambiguous.take().is_some();
+                    }
+                    forgot
+                });
+                self.inner.drive_until_blocked(now, sink)
+            }
+            Flaw::SwallowsLookups => self
+                .inner
+                .drive_until_blocked(now, &mut Swallowing { sink }),
+            Flaw::RestartResetsFailures => self.drive_with_bad_restarts(now, sink, false),
+            Flaw::RestartReusesAttempt => self.drive_with_bad_restarts(now, sink, true),
+            Flaw::DeletionKeepsBackoff => self.drive_keeping_backoff(now, sink),
+            _ => self.inner.drive_until_blocked(now, sink),
+        }
+    }
+
     fn drive_keeping_backoff(
         &mut self,
         now: Timestamp,
@@ -284,41 +345,14 @@ impl DriverUnderTest for Broken {
         now: Timestamp,
         sink: &mut dyn OperationSink,
     ) -> Result<DriveReport, DriverError> {
-        match self.flaw {
-            Flaw::DispatchesUnrecorded => self
-                .inner
-                .drive_until_blocked(now, &mut Duplicating { sink }),
-            Flaw::IgnoresBackoff => {
-                rebuild(&mut self.inner, |state| {
-                    let mut waited = false;
-                    for node in state.nodes.values_mut() {
-                        waited |= node.retry.next_effect_at.is_some_and(|t| t > now)
-                            || node.retry.restart_at.is_some_and(|t| t > now);
-                        node.retry.next_effect_at = None;
-                        node.retry.restart_at = None;
-                    }
-                    waited
-                });
-                self.inner.drive_until_blocked(now, sink)
-            }
-            Flaw::ForgetsAmbiguity => {
-                rebuild(&mut self.inner, |state| {
-                    let mut forgot = false;
-                    for node in state.nodes.values_mut() {
-                        forgot |= node.retry.ambiguous.take().is_some();
-                    }
-                    forgot
-                });
-                self.inner.drive_until_blocked(now, sink)
-            }
-            Flaw::SwallowsLookups => self
-                .inner
-                .drive_until_blocked(now, &mut Swallowing { sink }),
-            Flaw::RestartResetsFailures => self.drive_with_bad_restarts(now, sink, false),
-            Flaw::RestartReusesAttempt => self.drive_with_bad_restarts(now, sink, true),
-            Flaw::DeletionKeepsBackoff => self.drive_keeping_backoff(now, sink),
-            _ => self.inner.drive_until_blocked(now, sink),
-        }
+        // A flawed driver still counts what it handed over truthfully: each
+        // flaw is meant to break its own guarantee, not the report's.
+        let mut counting = Counting { sink, accepted: 0 };
+        let report = self.drive_flawed(now, &mut counting);
+        report.map(|report| DriveReport {
+            dispatched: counting.accepted,
+            ..report
+        })
     }
 
     fn apply_executor_result(
