@@ -463,6 +463,28 @@ pub(crate) fn g26_recovery_reports_what_it_recovered(
     )
 }
 
+/// G04 (executor form): the executor's counters agree with what the kit saw
+/// it do: the calls it started in the backend (counted by the kit's wrapper
+/// around the backend) and the operations it expired (those for which
+/// `expire` answered with a timeout). A host meters both.
+pub(crate) fn g04_executor_counts_what_it_did(
+    counted_started: u64,
+    calls_seen: u64,
+    counted_expired: u64,
+    expiries_seen: usize,
+) -> Verdict {
+    ensure(
+        counted_started == calls_seen
+            && usize::try_from(counted_expired).ok() == Some(expiries_seen),
+        GuaranteeId::RecordBeforeDispatch,
+        || {
+            format!(
+                "the executor counts {counted_started} calls started and {counted_expired} operations expired, but the kit saw {calls_seen} calls reach the backend and {expiries_seen} expiries"
+            )
+        },
+    )
+}
+
 /// G19 (state form): a converged cluster has nothing to requeue.
 pub(crate) fn g19_converged_has_no_requeue(
     converged: bool,

@@ -33,6 +33,22 @@ fn workload_pids(key: &AttemptKey) -> BTreeSet<i32> {
         .collect()
 }
 
+/// The workload's processes once two reads 50 ms apart agree: right after a
+/// boot, a short-lived process of the node (the shell before it execs its
+/// command, say) can still be seen beside the workload. Fails after 5 s.
+async fn settled_workload_pids(key: &AttemptKey) -> BTreeSet<i32> {
+    let mut last = workload_pids(key);
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let now = workload_pids(key);
+        if now == last && !now.is_empty() {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the workload's processes never settled: {last:?}");
+}
+
 fn agent_pid(key: &AttemptKey) -> Option<i32> {
     os::node_processes(key)
         .expect("/proc is readable")
@@ -276,7 +292,7 @@ async fn a_resume_without_the_agents_credential_is_refused_and_changes_nothing()
     let (first, first_events) = detached_plugin(&run, logs.path()).await;
     bring_up(&first, &first_events, &key, &spec).await;
     drop(first);
-    let workload = workload_pids(&key);
+    let workload = settled_workload_pids(&key).await;
 
     // Another secret: its credential is not the agent's.
     let mut forged = detached_config(&run, None);

@@ -117,6 +117,9 @@ pub(super) struct ControlState {
     committed: BTreeSet<OperationId>,
     /// Calls started since the harness last looked.
     starts: Vec<CallStart>,
+    /// Calls the live controller's executor started in the backend (the
+    /// kit's own count of what `ExecutorCounters::started` reports).
+    pub(super) live_calls: u64,
     /// Calls in the backend, per attempt: (epoch, operation).
     in_flight: BTreeMap<NodeAttemptId, Vec<(u64, OperationId)>>,
     /// Keys a zombie call created a resource for.
@@ -193,6 +196,7 @@ impl<B: EffectBackend> EffectBackend for ControllerBackend<B> {
                         .filter(|(epoch, _)| *epoch != self.epoch)
                         .count()
                 });
+                state.live_calls += 1;
                 state.starts.push(CallStart {
                     op: operation.id,
                     node: operation.node.clone(),
@@ -454,7 +458,11 @@ impl<S: Substrate> Harness<S> {
         self.durable.crashes += 1;
         self.vacuity.crashes += 1;
         self.durable.late_dropped_before += self.executor.counters().late_dropped;
-        self.durable.control.lock().live_epoch += 1;
+        {
+            let mut control = self.durable.control.lock();
+            control.live_epoch += 1;
+            control.live_calls = 0;
+        }
         // The provider's sessions streamed to the dead controller: they go
         // quiet until the new one re-attaches them.
         self.substrate.controller_restarted();

@@ -959,6 +959,14 @@ impl<S: Substrate> Harness<S> {
         self.check(verdict)?;
         self.highest_generation = highest;
         self.check_history()?;
+        let counters = self.executor.counters();
+        let calls = self.durable.control.lock().live_calls;
+        self.check(oracle::g04_executor_counts_what_it_did(
+            counters.started,
+            calls,
+            counters.expired,
+            self.executor_watch.expired.len(),
+        ))?;
         Ok(())
     }
 
