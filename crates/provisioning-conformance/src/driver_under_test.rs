@@ -11,7 +11,7 @@ use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink
 use provisioning::limits::{LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
-    ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult,
+    ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult, GroupId,
     LogicalNodeId, NodeHistory, Observation, OperationId, RetryPolicy, Timestamp,
 };
 
@@ -128,6 +128,20 @@ pub trait DriverUnderTest {
         None
     }
 
+    /// See [`ClusterDriver::open_breaker`]: whether `group`'s breaker holds
+    /// new attempts back at `now`. The default has no breakers (`None`).
+    fn breaker_open(&self, group: &GroupId, now: Timestamp) -> Option<bool> {
+        let _ = (group, now);
+        None
+    }
+
+    /// See [`ClusterDriver::reset_breaker`] (`provision resume GROUP`):
+    /// whether the breaker was open. The default has no breakers (`None`).
+    fn reset_breaker(&mut self, group: &GroupId) -> Option<bool> {
+        let _ = group;
+        None
+    }
+
     /// See [`ClusterDriver::creates_in_flight`] (what a host shows and the
     /// launch cap counts). The default does not count (`None`: the oracle's
     /// check of the count passes vacuously).
@@ -234,5 +248,13 @@ impl DriverUnderTest for ClusterDriver {
 
     fn creates_in_flight(&self, provider: &str) -> Option<u32> {
         Some(ClusterDriver::creates_in_flight(self, provider))
+    }
+
+    fn breaker_open(&self, group: &GroupId, now: Timestamp) -> Option<bool> {
+        Some(ClusterDriver::open_breaker(self, group, now).is_some())
+    }
+
+    fn reset_breaker(&mut self, group: &GroupId) -> Option<bool> {
+        Some(ClusterDriver::reset_breaker(self, group))
     }
 }

@@ -72,7 +72,7 @@ impl Default for GeneratorConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SwarmWeights {
     /// Weight per [`InputKind`], in [`InputKind::ALL`] order; zero omits the kind.
-    pub kinds: [u32; 13],
+    pub kinds: [u32; 14],
     /// Weight per [`Fault`], in [`Fault::ALL`] order.
     pub faults: [u32; 7],
     /// Weight of "any call", then of each [`EffectKind`] in [`EffectKind::ALL`] order.
@@ -85,7 +85,15 @@ pub struct SwarmWeights {
 
 /// Input kinds whose weights are drawn after every other weight (they were
 /// added to the alphabet later).
-const LATE_KINDS: [InputKind; 3] = [InputKind::Crash, InputKind::Resubmit, InputKind::Confuse];
+const LATE_KINDS: [InputKind; 4] = [
+    InputKind::Crash,
+    InputKind::Resubmit,
+    InputKind::Confuse,
+    InputKind::Resume,
+];
+
+/// Seeds in a thousand that draw the operator's `resume` input.
+const OPERATOR_INPUTS_PER_MILLE: u32 = 250;
 
 /// The executor-level input kinds, drawn for some seeds only.
 const EXECUTOR_KINDS: [InputKind; 2] = [InputKind::Resubmit, InputKind::Confuse];
@@ -108,6 +116,7 @@ fn base_weight(kind: InputKind) -> u32 {
         InputKind::Limit => 1,
         InputKind::Resubmit => 2,
         InputKind::Confuse => 2,
+        InputKind::Resume => 2,
     }
 }
 
@@ -147,6 +156,12 @@ impl SwarmWeights {
             for kind in EXECUTOR_KINDS {
                 kinds[kind as usize] = draw_kind(&mut executor_rng, kind);
             }
+        }
+        // `resume`, added after them, comes in a quarter of the seeds (drawn
+        // from its own fork): the other seeds keep the traces they had.
+        let mut operator_rng = rng.fork();
+        if operator_rng.chance(OPERATOR_INPUTS_PER_MILLE) {
+            kinds[InputKind::Resume as usize] = draw_kind(&mut operator_rng, InputKind::Resume);
         }
         SwarmWeights {
             kinds,
@@ -285,6 +300,9 @@ fn draw_input(weights: &SwarmWeights, rng: &mut SplitMix64) -> Input {
             }
         }
         InputKind::Crash => Input::Crash,
+        InputKind::Resume => Input::Resume {
+            group: draw_group(rng),
+        },
         InputKind::Limit => Input::Limit(match rng.below(3) {
             0 => LimitChange::Cap {
                 count: rng.below(3) as u32,

@@ -485,6 +485,62 @@ pub(crate) fn g04_executor_counts_what_it_did(
     )
 }
 
+/// G30 (resume form): `provision resume GROUP` says whether the group's
+/// breaker was open, and leaves it closed.
+pub(crate) fn g30_resume_reports_and_closes(
+    group: &GroupId,
+    was_open: Option<bool>,
+    reported: bool,
+    open_after: Option<bool>,
+) -> Verdict {
+    if let Some(was_open) = was_open {
+        ensure(reported == was_open, GuaranteeId::BreakerLiveness, || {
+            format!(
+                "resume of group {group} reported that its breaker was {}, but it was {}",
+                if reported { "open" } else { "closed" },
+                if was_open { "open" } else { "closed" }
+            )
+        })?;
+    }
+    ensure(
+        open_after != Some(true),
+        GuaranteeId::BreakerLiveness,
+        || format!("after resume of group {group} its breaker still holds new attempts back"),
+    )
+}
+
+/// G30 (resume form): the pass a resume of an open breaker queues gives
+/// every desired slot of the group its node at once (the breaker held
+/// their inserts and restarts; nothing else holds an insert).
+pub(crate) fn g30_resumed_group_is_not_held(
+    state: &ClusterState,
+    slots: &DesiredSlots,
+    group: &GroupId,
+    was_open: bool,
+    now: Timestamp,
+) -> Verdict {
+    if !was_open {
+        return Ok(());
+    }
+    for index in 0..slots.count(group) {
+        let id = LogicalNodeId::new(group.clone(), index);
+        let held = match state.nodes.get(&id) {
+            None => true,
+            // A destroyed node whose restart is due must have restarted.
+            Some(node) => {
+                node.record.stage == NodeStage::Destroyed
+                    && node.retry.restart_at.is_none_or(|at| at_or_after(now, at))
+            }
+        };
+        ensure(!held, GuaranteeId::BreakerLiveness, || {
+            format!(
+                "group {group}'s breaker was resumed, but desired slot {id} still waits for its attempt after the next pass"
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// G19 (state form): a converged cluster has nothing to requeue.
 pub(crate) fn g19_converged_has_no_requeue(
     converged: bool,
@@ -621,24 +677,20 @@ pub(crate) fn g32_history_agrees_with_nodes(
             )
         })?;
         if node.record.stage == NodeStage::Failed {
-            // The failure's entry, or the teardown's that names it.
+            // The failure's own entry gives its reason; the teardown's entry
+            // says it tears down a failed attempt (a later failure folded
+            // while it is torn down may replace the record's reason without
+            // a new entry: the node's condition did not change).
             let reason = node.record.failure.as_ref().map(|f| f.reason.as_str());
-            ensure(
-                reason.is_some_and(|reason| {
-                    newest
-                        .reason
-                        .as_deref()
-                        .is_some_and(|said| said.contains(reason))
-                }),
-                GuaranteeId::StageCoherence,
-                || {
-                    format!(
-                        "failed {}'s newest history entry gives the reason {:?}, the record {reason:?}",
-                        label(id, node),
-                        newest.reason
-                    )
-                },
-            )?;
+            let said = newest.reason.as_deref();
+            let agrees = (reason.is_some() && said == reason)
+                || (newest.deleting && said.is_some_and(|said| said.starts_with("failed: ")));
+            ensure(agrees, GuaranteeId::StageCoherence, || {
+                format!(
+                    "failed {}'s newest history entry gives the reason {said:?}, the record {reason:?}",
+                    label(id, node)
+                )
+            })?;
         }
     }
     Ok(())
@@ -1898,6 +1950,11 @@ impl DesiredSlots {
     /// below the group's count (a shrinking group loses its highest indices).
     pub(crate) fn contains(&self, id: &LogicalNodeId) -> bool {
         self.template(id).is_some()
+    }
+
+    /// How many slots of `group` are desired.
+    pub(crate) fn count(&self, group: &GroupId) -> u32 {
+        self.groups.get(group).map_or(0, |(count, _)| *count)
     }
 
     /// The desired template of slot `id`, if the slot is desired.

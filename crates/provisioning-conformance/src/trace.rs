@@ -351,6 +351,13 @@ pub enum Input {
         /// Which call.
         target: FaultTarget,
     },
+    /// The operator closes `group`'s breaker at once (`provision resume
+    /// GROUP`): the driver must say whether it was open, and the group's
+    /// held slots must get their attempts in the next pass.
+    Resume {
+        /// Which group.
+        group: Group,
+    },
     /// The `ready`-th ready node loses its agent or its lease.
     Lose {
         /// Which ready node (modulo the number of ready nodes).
@@ -415,6 +422,7 @@ impl Input {
             Input::Release => InputKind::Release,
             Input::Resubmit { .. } => InputKind::Resubmit,
             Input::Confuse { .. } => InputKind::Confuse,
+            Input::Resume { .. } => InputKind::Resume,
             Input::Lose { .. } => InputKind::Lose,
             Input::Crash => InputKind::Crash,
             Input::Limit(_) => InputKind::Limit,
@@ -545,11 +553,13 @@ pub enum InputKind {
     Resubmit,
     /// [`Input::Confuse`].
     Confuse,
+    /// [`Input::Resume`].
+    Resume,
 }
 
 impl InputKind {
     /// Every kind, in order.
-    pub const ALL: [InputKind; 13] = [
+    pub const ALL: [InputKind; 14] = [
         InputKind::Tick,
         InputKind::Desire,
         InputKind::Revision,
@@ -563,6 +573,7 @@ impl InputKind {
         InputKind::Limit,
         InputKind::Resubmit,
         InputKind::Confuse,
+        InputKind::Resume,
     ];
 
     /// The keyword that starts an input of this kind in the text form.
@@ -581,6 +592,7 @@ impl InputKind {
             InputKind::Limit => "limit",
             InputKind::Resubmit => "resubmit",
             InputKind::Confuse => "confuse",
+            InputKind::Resume => "resume",
         }
     }
 }
@@ -695,6 +707,7 @@ impl fmt::Display for Input {
             Input::Release => f.write_str("release"),
             Input::Resubmit { back } => write!(f, "resubmit {back}"),
             Input::Confuse { target } => write!(f, "confuse {target}"),
+            Input::Resume { group } => write!(f, "resume {}", group.name()),
             Input::Lose { ready, cause } => write!(f, "lose @{ready} {}", loss_name(*cause)),
             Input::Crash => f.write_str("crash"),
             Input::Limit(LimitChange::Cap { count }) => write!(f, "limit cap {count}"),
@@ -955,6 +968,9 @@ fn parse_input(keyword: &str, words: &mut Words<'_>) -> Result<Input, ParseError
             target: parse_fault_target(words.next("fault target")?)?,
         },
         "crash" => Input::Crash,
+        "resume" => Input::Resume {
+            group: parse_group(words.next("group")?)?,
+        },
         "limit" => Input::Limit(match words.next("limit")? {
             "cap" => LimitChange::Cap {
                 count: parse_u32(words.next("cap")?, "cap")?,
@@ -1084,6 +1100,7 @@ mod tests {
             }),
             Input::Redeliver { back: 7 },
             Input::Resubmit { back: 2 },
+            Input::Resume { group: Group::B },
             Input::Confuse {
                 target: FaultTarget::Any,
             },

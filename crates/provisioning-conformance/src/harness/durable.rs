@@ -217,20 +217,26 @@ impl<B: EffectBackend> EffectBackend for ControllerBackend<B> {
                 }
             };
             let outcome = self.inner.execute(operation).await;
-            drop(in_flight);
-            let mut state = self.control.lock();
-            if state.live_epoch != self.epoch {
-                let created = matches!(
-                    outcome,
-                    Ok(EffectOutput::LeaseCreated { adopted: false, .. }
-                        | EffectOutput::BootstrapStarted { adopted: false, .. })
-                );
-                if created {
-                    state
-                        .zombie_created
-                        .insert((operation.node.clone(), attempt));
+            {
+                // Marked before the call leaves the in-flight list, so that
+                // the oracle (which may look from another thread at a Level 3
+                // substrate) always sees a dead controller's resource as
+                // either still being made or made by it.
+                let mut state = self.control.lock();
+                if state.live_epoch != self.epoch {
+                    let created = matches!(
+                        outcome,
+                        Ok(EffectOutput::LeaseCreated { adopted: false, .. }
+                            | EffectOutput::BootstrapStarted { adopted: false, .. })
+                    );
+                    if created {
+                        state
+                            .zombie_created
+                            .insert((operation.node.clone(), attempt));
+                    }
                 }
             }
+            drop(in_flight);
             outcome
         })
     }
@@ -679,10 +685,18 @@ impl<S: Substrate> Harness<S> {
             // it after the crash. Any other unowned resource is a provider's
             // leak (a destroy that did not take, a definite failure that
             // left something) — G23's, even before convergence.
+            // A dead controller's call still in flight may have made it
+            // already (a real provider's create spawns before it returns):
+            // judged once the call returns.
             let control = self.durable.control.lock();
+            let zombie_in_flight = |attempt: &NodeAttemptId| {
+                control.in_flight.get(attempt).is_some_and(|calls| {
+                    calls.iter().any(|(epoch, _)| *epoch != control.live_epoch)
+                })
+            };
             let leak = unowned
                 .iter()
-                .find(|key| !control.zombie_created.contains(*key))
+                .find(|key| !control.zombie_created.contains(*key) && !zombie_in_flight(&key.1))
                 .cloned();
             drop(control);
             if let Some((node, attempt)) = leak {

@@ -313,6 +313,31 @@ impl<S: Substrate> Harness<S> {
                 self.change_limit(change);
                 self.driver.set_limits(self.limits.clone());
             }
+            Input::Resume { group } => {
+                let id = GroupId::new(group.name());
+                let was_open = self.driver.breaker_open(&id, self.now);
+                let Some(reported) = self.driver.reset_breaker(&id) else {
+                    return self.settle();
+                };
+                self.check(oracle::g30_resume_reports_and_closes(
+                    &id,
+                    was_open,
+                    reported,
+                    self.driver.breaker_open(&id, self.now),
+                ))?;
+                if reported {
+                    self.vacuity.breakers_resumed += 1;
+                }
+                self.settle()?;
+                // The pass the resume queued gave every held slot its node.
+                return self.check(oracle::g30_resumed_group_is_not_held(
+                    self.driver.state(),
+                    &self.slots,
+                    &id,
+                    reported,
+                    self.now,
+                ));
+            }
             Input::Crash => {
                 if self.crash_capable() {
                     self.durable.crash_armed = true;

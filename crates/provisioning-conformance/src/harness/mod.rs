@@ -196,6 +196,9 @@ pub struct Vacuity {
     pub breakers_opened: u64,
     /// A breaker let a probe attempt through (the driver's count).
     pub breaker_probes: u64,
+    /// A `resume` input closed an open breaker (the driver said it was open
+    /// and the kit saw it closed).
+    pub breakers_resumed: u64,
     /// An operation was handed to the executor a second time
     /// ([`Input::Resubmit`](crate::trace::Input::Resubmit); informational).
     pub resubmissions: u64,
@@ -240,6 +243,7 @@ impl Vacuity {
             ("budget let a replacement through", self.budget_rollouts),
             ("breaker opened", self.breakers_opened),
             ("breaker probe", self.breaker_probes),
+            ("breaker resumed", self.breakers_resumed),
         ]
     }
 
@@ -263,6 +267,7 @@ impl Vacuity {
         self.budget_rollouts += other.budget_rollouts;
         self.breakers_opened += other.breakers_opened;
         self.breaker_probes += other.breaker_probes;
+        self.breakers_resumed += other.breakers_resumed;
         self.resubmissions += other.resubmissions;
     }
 }
