@@ -1462,6 +1462,25 @@ pub(crate) fn g04_call_was_recorded(
     })
 }
 
+/// G04 (executor form): an operation the executor expired before its call
+/// began never reaches the backend afterwards — the driver has folded its
+/// timeout, so running it would be an effect nobody has pending.
+pub(crate) fn g04_no_call_after_its_expiry(
+    call: &CallRecord,
+    expired: &BTreeSet<provisioning::OperationId>,
+) -> Verdict {
+    ensure(
+        !expired.contains(&call.op),
+        GuaranteeId::RecordBeforeDispatch,
+        || {
+            format!(
+                "the backend started {} {} for {} after the executor had expired it",
+                call.kind, call.op, call.node
+            )
+        },
+    )
+}
+
 /// G04: no call of an attempt starts after a newer operation of that attempt
 /// started — by then the driver has moved on, so the older one is an effect
 /// nobody has pending. (A call of a timed-out operation may still start, but

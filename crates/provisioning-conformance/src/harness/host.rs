@@ -703,7 +703,17 @@ impl<S: Substrate> Harness<S> {
                         self.strict_calls,
                     )
                 })
-                .and_then(|()| oracle::g04_no_call_after_a_newer_one(&call, &mut self.newest_call));
+                .and_then(|()| oracle::g04_no_call_after_a_newer_one(&call, &mut self.newest_call))
+                .and_then(|()| {
+                    // With a deterministic substrate calls start only while
+                    // work runs, and every start before an expiry was looked
+                    // at before it: a start seen now came after.
+                    if self.strict_calls {
+                        oracle::g04_no_call_after_its_expiry(&call, &self.executor_watch.expired)
+                    } else {
+                        Ok(())
+                    }
+                });
             self.check(verdict)?;
             self.calls.push(call);
         }
