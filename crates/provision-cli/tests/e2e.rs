@@ -826,6 +826,22 @@ fn run_pids(cluster: &Cluster) -> Vec<i32> {
     pids
 }
 
+/// Every process of the run once two reads 100 ms apart agree: at
+/// convergence a node's workload may still be starting a child (the shell
+/// of its command), which a single read can miss. Fails after 10 s.
+fn settled_run_pids(cluster: &Cluster) -> Vec<i32> {
+    let mut last = run_pids(cluster);
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = run_pids(cluster);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the run's processes never settled: {last:?}");
+}
+
 #[test]
 fn in_detached_mode_a_restart_after_kill_9_adopts_every_node_without_restarting_a_workload() {
     let mut cluster = Cluster::new("adopt");
@@ -835,7 +851,7 @@ fn in_detached_mode_a_restart_after_kill_9_adopts_every_node_without_restarting_
     ));
     cluster.start();
     let before = cluster.wait_converged(1);
-    let pids_before = run_pids(&cluster);
+    let pids_before = settled_run_pids(&cluster);
     assert!(
         pids_before.len() >= 8,
         "agents and workloads: {pids_before:?}"
