@@ -541,6 +541,20 @@ pub(crate) fn g30_resumed_group_is_not_held(
     Ok(())
 }
 
+/// G02 (expiry form): the executor expires an operation it still holds
+/// (accepted, no result published) with its timeout, so that the operation's
+/// late completion is dropped and never folded.
+pub(crate) fn g02_executor_expires_what_it_holds(
+    op: provisioning::OperationId,
+    held: bool,
+) -> Verdict {
+    ensure(!held, GuaranteeId::Correlation, || {
+        format!(
+            "the executor did not expire {op}, which it still holds (accepted, no result published)"
+        )
+    })
+}
+
 /// G19 (state form): a converged cluster has nothing to requeue.
 pub(crate) fn g19_converged_has_no_requeue(
     converged: bool,

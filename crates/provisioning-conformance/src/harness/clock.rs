@@ -139,6 +139,19 @@ impl<S: Substrate> Harness<S> {
             .flatten();
         if expired.is_some() {
             self.executor_watch.expired.insert(item.op);
+        } else if via_executor && self.strict_calls {
+            // With a deterministic substrate every result of work that ran
+            // was taken before timeouts are folded: an accepted operation
+            // without a published result is still in the executor's hands,
+            // and its first expiry must answer with the timeout (or its
+            // late completion would not be dropped).
+            let watch = &self.executor_watch;
+            self.check(oracle::g02_executor_expires_what_it_holds(
+                item.op,
+                watch.accepted_here.contains(&item.op)
+                    && !watch.published_here.contains(&item.op)
+                    && !watch.expired.contains(&item.op),
+            ))?;
         }
         let (outcome, result) = match expired {
             Some(result) => (self.driver.apply_executor_result(&result, now), result),

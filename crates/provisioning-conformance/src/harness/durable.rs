@@ -480,6 +480,8 @@ impl<S: Substrate> Harness<S> {
         // The new executor knows nothing of the old one's operations.
         self.executor_watch.recent.clear();
         self.executor_watch.expired.clear();
+        self.executor_watch.accepted_here.clear();
+        self.executor_watch.published_here.clear();
         // An acknowledgement folded after the last commit died with the
         // controller: the recovered one may report that convergence again.
         let recovered = driver.state();

@@ -367,6 +367,7 @@ impl<S: Substrate> Harness<S> {
     pub(super) fn watch_submission(&mut self, operation: provisioning::Operation) {
         let watch = &mut self.executor_watch;
         watch.submitted.insert(operation.id);
+        watch.accepted_here.insert(operation.id);
         if watch.recent.len() >= MAX_HISTORY {
             watch.recent.pop_front();
         }
@@ -460,6 +461,7 @@ impl<S: Substrate> Harness<S> {
         for _ in 0..MAX_SETTLE_ROUNDS {
             let mut progressed = false;
             for result in self.executor.take_results() {
+                self.executor_watch.published_here.insert(result.op);
                 self.check(oracle::g02_published_result_is_accounted_for(
                     &result,
                     &self.executor_watch.submitted,

@@ -418,6 +418,11 @@ struct ExecutorWatch {
     /// Attempts whose convergence report was acknowledged (at most one per
     /// session).
     convergence_reported: BTreeSet<NodeAttemptId>,
+    /// Operations the live controller's executor accepted, and those whose
+    /// result it published: an accepted operation without a published
+    /// result is still in its hands.
+    accepted_here: BTreeSet<OperationId>,
+    published_here: BTreeSet<OperationId>,
 }
 
 /// How many transitions per node the harness asks the driver to keep: few,
