@@ -630,9 +630,9 @@ pub(crate) fn condition(node: &ManagedNode) -> Condition {
 /// at most `depth` entries, in time order, none later than `now`; a node
 /// that changed since the controller started has a history (one that did
 /// not may have none: histories are not journaled); a removed node has none.
-pub(crate) fn g32_history_agrees_with_nodes(
+pub(crate) fn g32_history_agrees_with_nodes<'a>(
     state: &ClusterState,
-    history: &dyn Fn(&LogicalNodeId) -> Option<provisioning::NodeHistory>,
+    history: impl Fn(&LogicalNodeId) -> Option<&'a provisioning::NodeHistory>,
     at_start: &BTreeMap<LogicalNodeId, Condition>,
     removed: &BTreeSet<LogicalNodeId>,
     depth: usize,
@@ -645,11 +645,10 @@ pub(crate) fn g32_history_agrees_with_nodes(
     }
     for (id, node) in &state.nodes {
         let now_condition = condition(node);
-        let kept = history(id);
-        let entries: Vec<provisioning::Transition> = kept
-            .map(|h| h.entries().cloned().collect())
+        let entries: Vec<&provisioning::Transition> = history(id)
+            .map(|h| h.entries().collect())
             .unwrap_or_default();
-        let Some(newest) = entries.last() else {
+        let Some(newest) = entries.last().copied() else {
             ensure(
                 at_start.get(id) == Some(&now_condition),
                 GuaranteeId::StageCoherence,

@@ -16,6 +16,37 @@ fn stages(d: &provisioning::ClusterDriver, id: &str) -> Vec<(NodeStage, bool, bo
         .unwrap_or_default()
 }
 
+#[derive(Debug, PartialEq)]
+enum Answered {
+    Nothing,
+    Succeeded,
+    FailedStart,
+}
+
+/// One drive, then every dispatched operation answered: a start fails
+/// definitely (its program is not found), everything else succeeds.
+fn answer_with_a_failing_start(
+    d: &mut provisioning::ClusterDriver,
+    sink: &mut RecordingSink,
+    now: provisioning::Timestamp,
+) -> Answered {
+    d.drive_until_blocked(now, sink).unwrap();
+    let mut answered = Answered::Nothing;
+    for op in sink.take() {
+        let outcome = if op.kind() == EffectKind::StartBootstrap {
+            answered = Answered::FailedStart;
+            reply(&op, Err(EffectError::definite("sh: srve: not found")))
+        } else {
+            if answered == Answered::Nothing {
+                answered = Answered::Succeeded;
+            }
+            success(&op)
+        };
+        d.apply_executor_result(&outcome, now).unwrap();
+    }
+    answered
+}
+
 #[test]
 fn a_driver_keeps_no_history_unless_asked() {
     let mut d = driver();
@@ -62,20 +93,9 @@ fn a_failure_and_the_teardown_it_causes_carry_their_reasons_and_history_is_bound
     d.update_desired(shape(1, vec![group("g", 1, "img")]))
         .unwrap();
     let mut sink = RecordingSink::default();
-    let now = at(0);
     for _ in 0..16 {
-        d.drive_until_blocked(now, &mut sink).unwrap();
-        let ops = sink.take();
-        if ops.is_empty() {
+        if answer_with_a_failing_start(&mut d, &mut sink, at(0)) == Answered::Nothing {
             break;
-        }
-        for op in ops {
-            let outcome = if op.kind() == EffectKind::StartBootstrap {
-                reply(&op, Err(EffectError::definite("sh: srve: not found")))
-            } else {
-                success(&op)
-            };
-            d.apply_executor_result(&outcome, now).unwrap();
         }
     }
     let history = d.history(&node("g-0")).unwrap();
@@ -138,20 +158,10 @@ fn a_failed_node_whose_slot_is_also_scaled_away_names_its_failure_in_the_teardow
     d.update_desired(shape(1, vec![group("g", 1, "img")]))
         .unwrap();
     let mut sink = RecordingSink::default();
-    let now = at(0);
     let mut failed = false;
     for _ in 0..16 {
-        d.drive_until_blocked(now, &mut sink).unwrap();
-        for op in sink.take() {
-            let outcome = if op.kind() == EffectKind::StartBootstrap {
-                failed = true;
-                reply(&op, Err(EffectError::definite("sh: srve: not found")))
-            } else {
-                success(&op)
-            };
-            d.apply_executor_result(&outcome, now).unwrap();
-        }
-        if failed {
+        if answer_with_a_failing_start(&mut d, &mut sink, at(0)) == Answered::FailedStart {
+            failed = true;
             break;
         }
     }

@@ -1021,10 +1021,9 @@ impl<S: Substrate> Harness<S> {
             .cloned()
             .collect();
         let driver = &self.driver;
-        let history = |id: &LogicalNodeId| driver.history(id).cloned();
         let verdict = oracle::g32_history_agrees_with_nodes(
             state,
-            &history,
+            |id| driver.history(id),
             &watch.at_start,
             &removed,
             watch.depth,
