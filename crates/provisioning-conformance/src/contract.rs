@@ -535,6 +535,11 @@ fn skip<T>(why: impl Into<String>) -> Step<T> {
 }
 
 /// Whether a cleanup call's answer counts as success.
+/// How many times the suite repeats a cleanup step answered "ambiguous"
+/// (a real engine may take longer than one call waits to confirm absence:
+/// Slurm's step cleanup, say).
+const CLEANUP_AMBIGUOUS_RETRIES: usize = 2;
+
 fn cleanup_ok(outcome: &Result<(), PluginError>) -> bool {
     matches!(outcome, Ok(()) | Err(PluginError::NotFound(_)))
 }
@@ -674,8 +679,17 @@ impl ContractRun {
         ))
     }
 
+    /// A destroy that succeeds or finds nothing. An ambiguous answer ("it may
+    /// not have taken yet") is retried, as the driver retries a cleanup step,
+    /// at most [`CLEANUP_AMBIGUOUS_RETRIES`] times.
     async fn destroy_ok(&self, key: &AttemptKey, lease: &LeaseHandle, when: &str) -> Step {
-        let outcome = self.plugin().destroy_node(key, lease).await;
+        let mut outcome = self.plugin().destroy_node(key, lease).await;
+        for _ in 0..CLEANUP_AMBIGUOUS_RETRIES {
+            if !matches!(outcome, Err(PluginError::Ambiguous(_))) {
+                break;
+            }
+            outcome = self.plugin().destroy_node(key, lease).await;
+        }
         if cleanup_ok(&outcome) {
             return Ok(());
         }
@@ -688,7 +702,14 @@ impl ContractRun {
         session: Option<&SessionHandle>,
         when: &str,
     ) -> Step {
-        let outcome = self.plugin().cancel_bootstrap(key, session).await;
+        // Retried on an ambiguous answer, as `destroy_ok` is.
+        let mut outcome = self.plugin().cancel_bootstrap(key, session).await;
+        for _ in 0..CLEANUP_AMBIGUOUS_RETRIES {
+            if !matches!(outcome, Err(PluginError::Ambiguous(_))) {
+                break;
+            }
+            outcome = self.plugin().cancel_bootstrap(key, session).await;
+        }
         if cleanup_ok(&outcome) {
             return Ok(());
         }
