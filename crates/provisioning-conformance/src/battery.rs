@@ -333,6 +333,7 @@ impl fmt::Display for BatteryReport {
             .required()
             .iter()
             .chain(self.vacuity.limits().iter())
+            .chain(self.vacuity.informational().iter())
             .map(|(name, count)| format!("{name} {count}"))
             .collect();
         writeln!(f, "vacuity: {}", counts.join(", "))?;

@@ -465,21 +465,24 @@ pub(crate) fn g26_recovery_reports_what_it_recovered(
 
 /// G04 (executor form): the executor's counters agree with what the kit saw
 /// it do: the calls it started in the backend (counted by the kit's wrapper
-/// around the backend) and the operations it expired (those for which
-/// `expire` answered with a timeout). A host meters both.
+/// around the backend), the operations it expired (those for which
+/// `expire` answered with a timeout) and the submissions it queued behind
+/// an older operation of their attempt (those it answered "queued"). A host
+/// meters all three. Each pair is (the executor's count, the kit's).
 pub(crate) fn g04_executor_counts_what_it_did(
-    counted_started: u64,
-    calls_seen: u64,
-    counted_expired: u64,
-    expiries_seen: usize,
+    started: (u64, u64),
+    expired: (u64, usize),
+    queued: (u64, u64),
 ) -> Verdict {
     ensure(
-        counted_started == calls_seen
-            && usize::try_from(counted_expired).ok() == Some(expiries_seen),
+        started.0 == started.1
+            && usize::try_from(expired.0).ok() == Some(expired.1)
+            && queued.0 == queued.1,
         GuaranteeId::RecordBeforeDispatch,
         || {
             format!(
-                "the executor counts {counted_started} calls started and {counted_expired} operations expired, but the kit saw {calls_seen} calls reach the backend and {expiries_seen} expiries"
+                "the executor counts {} calls started, {} operations expired and {} submissions queued, but the kit saw {} calls reach the backend, {} expiries and {} submissions answered as queued",
+                started.0, expired.0, queued.0, started.1, expired.1, queued.1
             )
         },
     )

@@ -135,6 +135,18 @@ pub enum ShapeChange {
     },
 }
 
+impl ShapeChange {
+    /// The group the change is about.
+    pub fn group(self) -> Group {
+        match self {
+            ShapeChange::Scale { group, .. }
+            | ShapeChange::Drift { group, .. }
+            | ShapeChange::Add { group, .. }
+            | ShapeChange::Remove { group } => group,
+        }
+    }
+}
+
 /// A probe of the revision contract (SPEC §2); none of them may change anything.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RevisionProbe {

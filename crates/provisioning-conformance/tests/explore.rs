@@ -304,6 +304,22 @@ fn mutations() -> Vec<(Mutation, ExploreConfig, &'static str, usize)> {
             "G30",
             1,
         ),
+        // `lose @0 agent`: the failure opens the breaker, and the restart
+        // goes out at once, inside the cool-down.
+        (
+            Mutation::Driver(Flaw::ProbesEarly),
+            ready(1, 1).limit(BREAKER),
+            "G30",
+            1,
+        ),
+        // `lose @0 agent`: one failure, which opens the kit's breaker and
+        // not the driver's.
+        (
+            Mutation::Driver(Flaw::OpensLate),
+            ready(1, 1).limit(BREAKER),
+            "G30",
+            1,
+        ),
         // `desire drift a image; run fifo; redeliver 0`: the replaced
         // attempt's destroy result, delivered again while the replacement's
         // create is pending.

@@ -177,6 +177,49 @@ fn a_breaker_that_never_half_opens_is_caught_as_g30() {
     );
 }
 
+/// Two attempts of group a fail under a breaker that opens on the first
+/// failure; the real driver holds both restarts for the cool-down, then
+/// probes once.
+fn two_failures_under_a_breaker() -> Trace {
+    "limit breaker a 1 5000ms; run fifo; run fifo; run fifo; \
+     stream @0 failed start-failed; stream @1 failed start-failed; \
+     run fifo; run fifo; tick 2000ms; run fifo; tick 3000ms; run fifo"
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_breaker_that_probes_before_its_cool_down_is_caught_as_g30() {
+    let battery = broken_battery(Flaw::ProbesEarly)
+        .seeds([])
+        .traces([two_failures_under_a_breaker()]);
+    check_caught(&first_failure(battery), &[GuaranteeId::BreakerLiveness]);
+}
+
+#[test]
+fn a_breaker_that_opens_a_failure_late_is_caught_as_g30() {
+    let battery = broken_battery(Flaw::OpensLate)
+        .seeds([])
+        .traces([two_failures_under_a_breaker()]);
+    check_caught(&first_failure(battery), &[GuaranteeId::BreakerLiveness]);
+}
+
+#[test]
+fn the_real_breaker_holds_and_probes_the_written_trace() {
+    let report = Battery::new("breaker holds", FakeSubstrate::new)
+        .seeds([])
+        .traces([two_failures_under_a_breaker()])
+        .require_vacuity(false)
+        .run();
+    assert!(
+        report.failures.is_empty(),
+        "{:?}",
+        report.failures.first().map(ToString::to_string)
+    );
+    assert!(report.vacuity.breakers_opened > 0, "{report}");
+    assert!(report.vacuity.breaker_probes > 0, "{report}");
+}
+
 #[test]
 fn a_driver_that_dispatches_without_recording_pending_is_caught_as_g04() {
     let failure = first_failure(broken_battery(Flaw::DispatchesUnrecorded));

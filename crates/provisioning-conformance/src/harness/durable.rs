@@ -384,7 +384,11 @@ impl<S: Substrate> Harness<S> {
         for operation in batch.operations {
             let refused = match &committed {
                 Ok(()) => match self.executor.submit(operation.clone()) {
-                    Ok(_) => {
+                    Ok(submitted) => {
+                        if submitted == provisioning::executor::Submitted::Queued {
+                            self.executor_watch.queued_here += 1;
+                            self.vacuity.queued_submissions += 1;
+                        }
                         self.watch_submission(operation);
                         continue;
                     }
@@ -482,6 +486,7 @@ impl<S: Substrate> Harness<S> {
         self.executor_watch.expired.clear();
         self.executor_watch.accepted_here.clear();
         self.executor_watch.published_here.clear();
+        self.executor_watch.queued_here = 0;
         // An acknowledgement folded after the last commit died with the
         // controller: the recovered one may report that convergence again.
         let recovered = driver.state();
@@ -499,6 +504,14 @@ impl<S: Substrate> Harness<S> {
         // The limits are configuration: the new controller is given them too.
         self.driver.set_limits(self.limits.clone());
         self.history_watch = super::HistoryWatch::start(self.driver.as_mut());
+        let groups = self
+            .driver
+            .desired()
+            .groups()
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>();
+        self.breaker_watch.lose_track(groups);
         // Folds after the last commit die with the controller, and recovery
         // folds every journaled pending operation as ambiguous: the kit's
         // failure counts restart from the recovered ones (an approximation —

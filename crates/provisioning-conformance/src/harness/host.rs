@@ -93,6 +93,7 @@ impl<S: Substrate> Harness<S> {
             vacuity,
             limits: provisioning::Limits::default(),
             history_watch,
+            breaker_watch: super::breaker::BreakerWatch::default(),
             edges_reached: false,
             converged: false,
             tail_rounds: 0,
@@ -165,8 +166,8 @@ impl<S: Substrate> Harness<S> {
         }
         let limits = self.driver.limit_counters();
         vacuity.budget_held += limits.held_by_budget;
-        vacuity.breakers_opened += limits.breakers_opened;
-        vacuity.breaker_probes += limits.breaker_probes;
+        vacuity.breakers_opened += self.breaker_watch.opened;
+        vacuity.breaker_probes += self.breaker_watch.probes;
         vacuity
     }
 
@@ -275,6 +276,9 @@ impl<S: Substrate> Harness<S> {
             }
             Input::Desire(change) => {
                 if self.model.apply(change) {
+                    // A shape change of a group closes its breaker.
+                    self.breaker_watch
+                        .close(&GroupId::new(change.group().name()));
                     self.submit_shape()?;
                 }
             }
@@ -328,6 +332,7 @@ impl<S: Substrate> Harness<S> {
                 if reported {
                     self.vacuity.breakers_resumed += 1;
                 }
+                self.breaker_watch.close(&id);
                 self.settle()?;
                 // The pass the resume queued gave every held slot its node.
                 return self.check(oracle::g30_resumed_group_is_not_held(
@@ -547,8 +552,26 @@ impl<S: Substrate> Harness<S> {
             ))?;
         }
         self.check_drive(&pre, edge)?;
+        if !edge && !self.edges_reached {
+            self.check_breakers(&pre)?;
+        }
         self.hand_out(batch)?;
         Ok(passes > 0)
+    }
+
+    /// G30 (hold form) after a drive: the attempts it started respect the
+    /// kit's breakers, and the driver's word on each breaker agrees.
+    fn check_breakers(&mut self, pre: &ClusterState) -> Result<(), Violation> {
+        let verdict = self
+            .breaker_watch
+            .drive(pre, self.driver.state(), &self.limits, self.now);
+        self.check(verdict)?;
+        let groups: Vec<GroupId> = self.limits.breakers.keys().cloned().collect();
+        for group in groups {
+            let said = self.driver.breaker_open(&group, self.now);
+            self.check(self.breaker_watch.agrees(&group, said, &self.limits))?;
+        }
+        Ok(())
     }
 
     fn check_drive(&mut self, pre: &ClusterState, edge: bool) -> Result<(), Violation> {
@@ -888,6 +911,15 @@ impl<S: Substrate> Harness<S> {
             counted
         };
         self.failures.insert(id.clone(), failures);
+        if !self.edges_reached {
+            let group = id.group();
+            self.breaker_watch
+                .fold(group, before, after, &self.limits, self.now);
+            let said = self.driver.breaker_open(group, self.now);
+            let verdict = self.breaker_watch.agrees(group, said, &self.limits);
+            self.check(verdict)?;
+        }
+        let after = self.driver.state().nodes.get(id).unwrap_or(before);
         let policy = self.driver.policy();
         let verdict = oracle::g32_stage_agrees_with_facts(id, after)
             .and_then(|()| {
@@ -999,10 +1031,9 @@ impl<S: Substrate> Harness<S> {
         let counters = self.executor.counters();
         let calls = self.durable.control.lock().live_calls;
         self.check(oracle::g04_executor_counts_what_it_did(
-            counters.started,
-            calls,
-            counters.expired,
-            self.executor_watch.expired.len(),
+            (counters.started, calls),
+            (counters.expired, self.executor_watch.expired.len()),
+            (counters.waited, self.executor_watch.queued_here),
         ))?;
         Ok(())
     }

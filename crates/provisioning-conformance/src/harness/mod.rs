@@ -192,13 +192,19 @@ pub struct Vacuity {
     /// after a pass: a budget that never lets a replacement through leaves
     /// it at zero).
     pub budget_rollouts: u64,
-    /// A group's breaker opened (the driver's count, informational).
+    /// A group's breaker opened (the kit's own count, from its model of the
+    /// breakers: a driver that never counts failures leaves it at zero
+    /// only if the battery never failed enough attempts).
     pub breakers_opened: u64,
-    /// A breaker let a probe attempt through (the driver's count).
+    /// An open breaker let its probe attempt through after the cool-down
+    /// (the kit's own count).
     pub breaker_probes: u64,
     /// A `resume` input closed an open breaker (the driver said it was open
     /// and the kit saw it closed).
     pub breakers_resumed: u64,
+    /// A submission waited behind an older operation of its attempt that
+    /// was still running (the executor answered "queued"; informational).
+    pub queued_submissions: u64,
     /// An operation was handed to the executor a second time
     /// ([`Input::Resubmit`](crate::trace::Input::Resubmit); informational).
     pub resubmissions: u64,
@@ -247,6 +253,14 @@ impl Vacuity {
         ]
     }
 
+    /// Counts reported by every battery and required by none.
+    pub fn informational(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("resubmission", self.resubmissions),
+            ("queued submission", self.queued_submissions),
+        ]
+    }
+
     /// Adds `other` to `self`.
     pub fn add(&mut self, other: &Vacuity) {
         self.adoptions_after_ambiguity += other.adoptions_after_ambiguity;
@@ -269,6 +283,7 @@ impl Vacuity {
         self.breaker_probes += other.breaker_probes;
         self.breakers_resumed += other.breakers_resumed;
         self.resubmissions += other.resubmissions;
+        self.queued_submissions += other.queued_submissions;
     }
 }
 
@@ -393,6 +408,7 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+mod breaker;
 mod clock;
 mod durable;
 mod host;
@@ -423,6 +439,9 @@ struct ExecutorWatch {
     /// result is still in its hands.
     accepted_here: BTreeSet<OperationId>,
     published_here: BTreeSet<OperationId>,
+    /// Submissions the live controller's executor answered as queued
+    /// behind an older operation of their attempt.
+    queued_here: u64,
 }
 
 /// How many transitions per node the harness asks the driver to keep: few,
@@ -512,6 +531,8 @@ struct Harness<S: Substrate> {
     /// checks read these, never the driver's).
     limits: provisioning::Limits,
     history_watch: HistoryWatch,
+    /// The kit's own model of each group's breaker (G30, hold form).
+    breaker_watch: breaker::BreakerWatch,
     edges_reached: bool,
     converged: bool,
     tail_rounds: usize,

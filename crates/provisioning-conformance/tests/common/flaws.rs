@@ -40,6 +40,11 @@ pub(crate) enum Flaw {
     /// wake for its probe is never reported: an open breaker never
     /// half-opens.
     NeverHalfOpens,
+    /// Every breaker's cool-down is dropped: an open breaker lets its probe
+    /// through at once.
+    ProbesEarly,
+    /// Every breaker opens one failure later than its policy says.
+    OpensLate,
     /// A replacement attempt starts counting failures from zero instead of
     /// carrying its slot's count (so its backoff is too short).
     RestartResetsFailures,
@@ -504,6 +509,16 @@ impl DriverUnderTest for Broken {
                     policy.cooldown = NEVER;
                 }
             }
+            Flaw::ProbesEarly => {
+                for policy in limits.breakers.values_mut() {
+                    policy.cooldown = std::time::Duration::ZERO;
+                }
+            }
+            Flaw::OpensLate => {
+                for policy in limits.breakers.values_mut() {
+                    policy.failures = policy.failures.saturating_add(1);
+                }
+            }
             _ => {}
         }
         self.inner.set_limits(limits);
@@ -511,6 +526,14 @@ impl DriverUnderTest for Broken {
 
     fn limit_counters(&self) -> LimitCounters {
         self.inner.limit_counters().clone()
+    }
+
+    fn breaker_open(&self, group: &provisioning::GroupId, now: Timestamp) -> Option<bool> {
+        Some(self.inner.open_breaker(group, now).is_some())
+    }
+
+    fn reset_breaker(&mut self, group: &provisioning::GroupId) -> Option<bool> {
+        Some(self.inner.reset_breaker(group))
     }
 }
 

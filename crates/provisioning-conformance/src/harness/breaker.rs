@@ -1,0 +1,198 @@
+//! The kit's own model of each group's circuit breaker (SPEC §15, G30 hold
+//! form), kept from what the kit sees: the folds it delivers and the
+//! attempts each drive starts.
+//!
+//! A group's breaker counts the folds that turn one of its nodes failed,
+//! opens when the count reaches the policy's threshold (again after a failed
+//! probe), and is closed by a node of the group becoming ready (the kit's
+//! policies have no stable window), by a change of the group's shape, or by
+//! `resume`. While it is open, a drive starts no new attempt of the group
+//! before the cool-down ends, and afterwards one probe until that probe
+//! fails or the breaker closes. The model is compared with what the driver
+//! says after every fold and every drive, so a driver that stops counting,
+//! opens early or late, or lets attempts through during the cool-down is
+//! caught where it goes wrong.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use provisioning::{ClusterState, GroupId, Intent, Limits, ManagedNode, NodeStage, Timestamp};
+
+use crate::guarantee::GuaranteeId;
+use crate::oracle::{Verdict, breach};
+
+/// One group's breaker as the kit counts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Model {
+    /// Folds that failed a node of the group since it was last closed.
+    failures: u32,
+    /// When it (last) opened, in milliseconds; `None` while closed.
+    opened_at: Option<u64>,
+    /// Whether the probe after the cool-down has started.
+    probing: bool,
+}
+
+/// The kit's breakers, per group. A group absent from `groups` and from
+/// `unknown` has a closed breaker that counted nothing.
+#[derive(Debug, Default)]
+pub(super) struct BreakerWatch {
+    groups: BTreeMap<GroupId, Model>,
+    /// Groups whose breaker the kit cannot know (after a controller crash:
+    /// the journaled count may include folds the kit saw die with the old
+    /// controller) until something closes it.
+    unknown: BTreeSet<GroupId>,
+    /// Breakers the model opened (vacuity).
+    pub(super) opened: u64,
+    /// Probes the model saw start after a cool-down (vacuity).
+    pub(super) probes: u64,
+}
+
+/// The kit's own reading of "failed" and "ready" from a node's reported facts.
+fn failed(node: &ManagedNode) -> bool {
+    node.record.stage == NodeStage::Failed
+}
+
+fn ready(node: &ManagedNode) -> bool {
+    node.record.ready
+        && node.intent == Intent::Active
+        && matches!(node.record.stage, NodeStage::HandedOff | NodeStage::Dormant)
+}
+
+impl BreakerWatch {
+    /// Forgets every breaker and marks `groups` unknown (a recovered
+    /// controller).
+    pub(super) fn lose_track(&mut self, groups: impl IntoIterator<Item = GroupId>) {
+        self.unknown.extend(groups);
+        self.unknown.extend(self.groups.keys().cloned());
+        self.groups.clear();
+    }
+
+    /// The group's breaker is closed (a shape change of it, or `resume`).
+    pub(super) fn close(&mut self, group: &GroupId) {
+        self.groups.remove(group);
+        self.unknown.remove(group);
+    }
+
+    /// Folds one delivery's effect on `node`'s group.
+    pub(super) fn fold(
+        &mut self,
+        group: &GroupId,
+        before: &ManagedNode,
+        after: &ManagedNode,
+        limits: &Limits,
+        now: Timestamp,
+    ) {
+        if ready(after) && !ready(before) {
+            self.close(group);
+            return;
+        }
+        if !failed(after) || failed(before) || self.unknown.contains(group) {
+            return;
+        }
+        let model = self.groups.entry(group.clone()).or_default();
+        model.failures = model.failures.saturating_add(1);
+        let threshold = limits.breakers.get(group).map(|p| p.failures);
+        let trips = threshold.is_some_and(|t| model.failures >= t);
+        if trips && (model.opened_at.is_none() || model.probing) {
+            model.opened_at = Some(now.as_millis());
+            model.probing = false;
+            self.opened += 1;
+        }
+    }
+
+    /// Whether the kit's breaker of `group` is open; `None` when unknown.
+    fn open(&self, group: &GroupId) -> Option<bool> {
+        if self.unknown.contains(group) {
+            return None;
+        }
+        Some(
+            self.groups
+                .get(group)
+                .is_some_and(|m| m.opened_at.is_some()),
+        )
+    }
+
+    /// G30 (hold form): the driver's word on `group`'s breaker (`said`,
+    /// `None` for a driver without breakers) agrees with the kit's count.
+    pub(super) fn agrees(&self, group: &GroupId, said: Option<bool>, limits: &Limits) -> Verdict {
+        let (Some(said), Some(open)) = (said, self.open(group)) else {
+            return Ok(());
+        };
+        if said == open {
+            return Ok(());
+        }
+        let failures = self.groups.get(group).map_or(0, |m| m.failures);
+        let threshold = limits.breakers.get(group).map(|p| p.failures);
+        Err(breach(
+            GuaranteeId::BreakerLiveness,
+            format!(
+                "group {group}'s breaker is {} by the driver's word, but the kit counted {failures} consecutive attempt failure(s) since it was last closed (opens at {}): it should be {}",
+                if said { "open" } else { "closed" },
+                threshold.map_or_else(|| "no breaker".to_owned(), |t| t.to_string()),
+                if open { "open" } else { "closed" },
+            ),
+        ))
+    }
+
+    /// G30 (hold form): the attempts one drive started (`pre` to `post`)
+    /// respect each open breaker: none before its cool-down ends, one probe
+    /// after it until the breaker opens again or closes.
+    pub(super) fn drive(
+        &mut self,
+        pre: &ClusterState,
+        post: &ClusterState,
+        limits: &Limits,
+        now: Timestamp,
+    ) -> Verdict {
+        let mut started: BTreeMap<&GroupId, Vec<String>> = BTreeMap::new();
+        for (id, node) in &post.nodes {
+            if pre
+                .nodes
+                .get(id)
+                .is_none_or(|old| old.attempt != node.attempt)
+            {
+                started
+                    .entry(id.group())
+                    .or_default()
+                    .push(format!("{id} ({})", node.attempt));
+            }
+        }
+        for (group, attempts) in started {
+            if self.unknown.contains(group) {
+                continue;
+            }
+            let (Some(policy), Some(model)) =
+                (limits.breakers.get(group), self.groups.get_mut(group))
+            else {
+                continue;
+            };
+            let Some(opened_at) = model.opened_at else {
+                continue;
+            };
+            let probe_at = opened_at
+                .saturating_add(u64::try_from(policy.cooldown.as_millis()).unwrap_or(u64::MAX));
+            let cooled = now.as_millis() >= probe_at;
+            let allowed = usize::from(cooled && !model.probing);
+            if attempts.len() > allowed {
+                return Err(breach(
+                    GuaranteeId::BreakerLiveness,
+                    format!(
+                        "group {group}'s breaker opened at {opened_at}ms after {} consecutive failures (cool-down until {probe_at}ms{}), yet a pass at {}ms started {} new attempt(s): {}",
+                        model.failures,
+                        if model.probing {
+                            ", its probe already out"
+                        } else {
+                            ""
+                        },
+                        now.as_millis(),
+                        attempts.len(),
+                        attempts.join(", "),
+                    ),
+                ));
+            }
+            // Within the allowance: the one probe after the cool-down.
+            model.probing = true;
+            self.probes += 1;
+        }
+        Ok(())
+    }
+}
