@@ -610,6 +610,55 @@ pub(crate) fn g19_settled_driver_agrees_with_plan(
                 plan.requeue_at
             )
         },
+    )?;
+    g19_reference_decider_agrees(state, desired, now, requeue_at)
+}
+
+/// G19 (reference form): the decider in its plainest public form, every
+/// slot's spec built and decided one node at a time (`for_each_slot` and
+/// `reconcile_node`, what `provision plan` and the core's own tests lean
+/// on), agrees with the settled driver as the full pass does.
+fn g19_reference_decider_agrees(
+    state: &ClusterState,
+    desired: &DesiredState,
+    now: Timestamp,
+    requeue_at: Option<Timestamp>,
+) -> Verdict {
+    let mut first_step = None;
+    let mut wake: Option<u64> = None;
+    provisioning::decide::for_each_slot(state, desired, |node, spec| {
+        let Some(decision) = provisioning::reconcile_node(node, spec, now) else {
+            return;
+        };
+        if let Some(at) = decision.wake.map(|w| w.at().as_millis()) {
+            wake = Some(wake.map_or(at, |earliest| earliest.min(at)));
+        }
+        if decision.action != provisioning::NodeAction::None && first_step.is_none() {
+            let id = spec.map(|s| s.id()).or(node.map(|n| n.spec.id()));
+            first_step = Some(format!(
+                "{} {:?} (row {:?})",
+                id.map(ToString::to_string).unwrap_or_default(),
+                decision.action,
+                decision.rule
+            ));
+        }
+    });
+    if let Some(step) = first_step {
+        return Err(breach(
+            GuaranteeId::Quiescence,
+            format!(
+                "the driver settled, but the reference decider (each slot's spec built and decided alone) would still act: {step}"
+            ),
+        ));
+    }
+    ensure(
+        wake == requeue_at.map(Timestamp::as_millis),
+        GuaranteeId::Quiescence,
+        || {
+            format!(
+                "the settled driver wakes at {requeue_at:?}, but the reference decider asks for {wake:?} ms"
+            )
+        },
     )
 }
 
@@ -1384,6 +1433,26 @@ pub(crate) fn g15_convergence_reported_once(
         || {
             format!(
                 "{} dispatched {} {}, but the convergence of its session was already reported and acknowledged",
+                dispatch.node, dispatch.pending.kind, dispatch.pending.id
+            )
+        },
+    )
+}
+
+/// G15 (report form): a session's convergence is reported only after the
+/// kit reported the session's agent joined: a report for a session still
+/// bootstrapping tells the run a node is there that is not.
+pub(crate) fn g15_convergence_reported_after_join(
+    dispatch: &NewDispatch,
+    joined: &BTreeSet<NodeAttemptId>,
+) -> Verdict {
+    ensure(
+        dispatch.pending.kind != EffectKind::BootstrapConvergenceObserved
+            || joined.contains(&dispatch.pending.id.attempt()),
+        GuaranteeId::SessionCoherence,
+        || {
+            format!(
+                "{} dispatched {} {}, but the kit never reported its session's agent joined",
                 dispatch.node, dispatch.pending.kind, dispatch.pending.id
             )
         },

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use provisioning::driver::{DriverError, NodeError};
 use provisioning::{
-    BreakerPolicy, ClusterState, DesiredUpdate, EffectKind, EffectOutput, EndpointLookup,
-    ExecutorResult, GroupId, Intent, LeaseHandle, LogicalNodeId, ManagedNode, MaxUnavailable,
-    NodeAttemptId, Observation, OperationId, RetryPolicy, SessionHandle, Timestamp,
+    BootstrapEvent, BreakerPolicy, ClusterState, DesiredUpdate, EffectKind, EffectOutput,
+    EndpointLookup, ExecutorResult, GroupId, Intent, LeaseHandle, LogicalNodeId, ManagedNode,
+    MaxUnavailable, NodeAttemptId, Observation, OperationId, RetryPolicy, SessionHandle, Timestamp,
 };
 
 use super::durable::{Batch, DurableSide};
@@ -597,6 +597,12 @@ impl<S: Substrate> Harness<S> {
                         dispatch,
                         &self.executor_watch.convergence_reported,
                     )
+                })
+                .and_then(|()| {
+                    oracle::g15_convergence_reported_after_join(
+                        dispatch,
+                        &self.executor_watch.joined,
+                    )
                 });
         }
         let mut replacements = 0;
@@ -866,6 +872,14 @@ impl<S: Substrate> Harness<S> {
                     &before,
                     &observation,
                 ))?;
+                if let Observation::Bootstrap {
+                    attempt,
+                    event: BootstrapEvent::Joined | BootstrapEvent::Converged,
+                    ..
+                } = &observation
+                {
+                    self.executor_watch.joined.insert(*attempt);
+                }
                 self.check_fold(&node_id, &before, &FoldCause::Observation(&observation))
             }
             Err(error) if Harness::<S>::edge_error(&error) => {

@@ -434,6 +434,9 @@ struct ExecutorWatch {
     /// Attempts whose convergence report was acknowledged (at most one per
     /// session).
     convergence_reported: BTreeSet<NodeAttemptId>,
+    /// Attempts whose session the kit reported joined (or converged), by a
+    /// stream event the driver folded.
+    joined: BTreeSet<NodeAttemptId>,
     /// Operations the live controller's executor accepted, and those whose
     /// result it published: an accepted operation without a published
     /// result is still in its hands.
