@@ -114,6 +114,13 @@ pub trait DriverUnderTest {
         LimitCounters::default()
     }
 
+    /// See [`ClusterDriver::counters`]: what the driver counted since it was
+    /// made (a host meters them). The default counts nothing (`None`; the
+    /// oracle's count check then passes vacuously).
+    fn counters(&self) -> Option<provisioning::driver::DriverCounters> {
+        None
+    }
+
     /// See [`ClusterDriver::set_history_depth`]; returns whether this driver
     /// keeps node histories. The default keeps none and returns `false` (the
     /// oracle's history check then passes vacuously).
@@ -235,6 +242,10 @@ impl DriverUnderTest for ClusterDriver {
 
     fn limit_counters(&self) -> LimitCounters {
         ClusterDriver::limit_counters(self).clone()
+    }
+
+    fn counters(&self) -> Option<provisioning::driver::DriverCounters> {
+        Some(ClusterDriver::counters(self).clone())
     }
 
     fn set_history_depth(&mut self, depth: usize) -> bool {

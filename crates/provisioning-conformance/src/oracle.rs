@@ -488,6 +488,29 @@ pub(crate) fn g04_executor_counts_what_it_did(
     )
 }
 
+/// G04 (driver count form): the driver's counters, which a host meters,
+/// agree with what the kit saw it do since it was made: `seen` holds the
+/// passes its drives reported, the operations the kit's sink received and
+/// refused, the folds it accepted and rejected, and the timeouts it folded.
+pub(crate) fn g04_driver_counts_what_it_did(
+    counted: &provisioning::driver::DriverCounters,
+    seen: [u64; 6],
+) -> Verdict {
+    let said = [
+        counted.passes,
+        counted.dispatched,
+        counted.refused,
+        counted.folded,
+        counted.rejected,
+        counted.timeouts,
+    ];
+    ensure(said == seen, GuaranteeId::RecordBeforeDispatch, || {
+        format!(
+            "the driver counts passes, dispatched, refused, folded, rejected and timeouts as {said:?}, but the kit saw {seen:?}"
+        )
+    })
+}
+
 /// G30 (resume form): `provision resume GROUP` says whether the group's
 /// breaker was open, and leaves it closed.
 pub(crate) fn g30_resume_reports_and_closes(

@@ -65,6 +65,7 @@ impl<S: Substrate> Harness<S> {
             }
             let before = self.driver.state().clone();
             let outcome = self.driver.operation_timed_out(&node, op, early);
+            self.driver_counts.fold(&outcome, true);
             let refused = matches!(
                 outcome,
                 Err(DriverError::Rejected(Rejection::NotYetDue { .. }))
@@ -154,7 +155,11 @@ impl<S: Substrate> Harness<S> {
             ))?;
         }
         let (outcome, result) = match expired {
-            Some(result) => (self.driver.apply_executor_result(&result, now), result),
+            Some(result) => {
+                let outcome = self.driver.apply_executor_result(&result, now);
+                self.driver_counts.fold(&outcome, false);
+                (outcome, result)
+            }
             None => {
                 let kind = before
                     .as_ref()
@@ -167,6 +172,7 @@ impl<S: Substrate> Harness<S> {
                     outcome: Err(EffectError::timed_out()),
                 };
                 let outcome = self.driver.operation_timed_out(&item.node, item.op, now);
+                self.driver_counts.fold(&outcome, true);
                 (outcome, result)
             }
         };
@@ -197,6 +203,7 @@ impl<S: Substrate> Harness<S> {
         }
         let snapshot = self.driver.state().clone();
         let again = self.driver.operation_timed_out(&item.node, item.op, now);
+        self.driver_counts.fold(&again, true);
         if again.is_ok() || *self.driver.state() != snapshot {
             return Err(self.violation(breach(
                 GuaranteeId::Correlation,

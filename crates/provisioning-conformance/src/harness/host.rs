@@ -94,6 +94,7 @@ impl<S: Substrate> Harness<S> {
             limits: provisioning::Limits::default(),
             history_watch,
             breaker_watch: super::breaker::BreakerWatch::default(),
+            driver_counts: super::DriverCounts::default(),
             edges_reached: false,
             converged: false,
             tail_rounds: 0,
@@ -536,6 +537,11 @@ impl<S: Substrate> Harness<S> {
         let pre = self.driver.state().clone();
         let mut batch = Batch::default();
         let outcome = self.driver.drive_until_blocked(self.now, &mut batch);
+        if let Ok(report) = &outcome {
+            self.driver_counts.passes += u64::from(report.passes);
+            self.driver_counts.dispatched += batch.operations.len() as u64;
+            self.driver_counts.refused += report.refused as u64;
+        }
         let (passes, edge) = match &outcome {
             Ok(report) => (report.passes, false),
             Err(error) if Harness::<S>::edge_error(error) => {
@@ -772,6 +778,7 @@ impl<S: Substrate> Harness<S> {
         if !self.is_pending(&result.node, result.op) {
             let before = self.driver.state().clone();
             let outcome = self.driver.apply_executor_result(&result, self.now);
+            self.driver_counts.fold(&outcome, false);
             self.vacuity.late_results_discarded += 1;
             let unchanged = *self.driver.state() == before;
             return self.check(if unchanged && outcome.is_err() {
@@ -787,7 +794,9 @@ impl<S: Substrate> Harness<S> {
             });
         }
         let before = self.driver.state().nodes.get(&result.node).cloned();
-        match self.driver.apply_executor_result(&result, self.now) {
+        let outcome = self.driver.apply_executor_result(&result, self.now);
+        self.driver_counts.fold(&outcome, false);
+        match outcome {
             Ok(()) => {}
             Err(error) if Harness::<S>::edge_error(&error) => {
                 self.edges_reached = true;
@@ -851,6 +860,7 @@ impl<S: Substrate> Harness<S> {
             .cloned();
         let before_state = self.driver.state().clone();
         let outcome = self.driver.apply_observation(&observation, self.now);
+        self.driver_counts.fold(&outcome, false);
         let Some(before) = current else {
             let unchanged = *self.driver.state() == before_state;
             return self.check(if unchanged && outcome.is_err() {
@@ -1044,6 +1054,22 @@ impl<S: Substrate> Harness<S> {
         self.check_history()?;
         let counters = self.executor.counters();
         let calls = self.durable.control.lock().live_calls;
+        if !self.edges_reached
+            && let Some(counted) = self.driver.counters()
+        {
+            let seen = self.driver_counts;
+            self.check(oracle::g04_driver_counts_what_it_did(
+                &counted,
+                [
+                    seen.passes,
+                    seen.dispatched,
+                    seen.refused,
+                    seen.folded,
+                    seen.rejected,
+                    seen.timeouts,
+                ],
+            ))?;
+        }
         self.check(oracle::g04_executor_counts_what_it_did(
             (counters.started, calls),
             (counters.expired, self.executor_watch.expired.len()),

@@ -447,6 +447,35 @@ struct ExecutorWatch {
     queued_here: u64,
 }
 
+/// What the kit saw the live driver do, to hold its counters to (G04,
+/// count form): drives' passes, operations its sink received, folds the
+/// driver accepted and rejected, timeouts it folded.
+#[derive(Debug, Default, Clone, Copy)]
+struct DriverCounts {
+    passes: u64,
+    dispatched: u64,
+    refused: u64,
+    folded: u64,
+    rejected: u64,
+    timeouts: u64,
+}
+
+impl DriverCounts {
+    /// Counts one fold call's outcome (`timeout`: an `operation_timed_out`).
+    fn fold(&mut self, outcome: &Result<(), DriverError>, timeout: bool) {
+        match outcome {
+            Ok(()) => {
+                self.folded += 1;
+                if timeout {
+                    self.timeouts += 1;
+                }
+            }
+            Err(DriverError::Rejected(_)) => self.rejected += 1,
+            Err(_) => {}
+        }
+    }
+}
+
 /// How many transitions per node the harness asks the driver to keep: few,
 /// so that dropping the oldest entry is exercised too.
 const HISTORY_DEPTH: usize = 3;
@@ -536,6 +565,8 @@ struct Harness<S: Substrate> {
     history_watch: HistoryWatch,
     /// The kit's own model of each group's breaker (G30, hold form).
     breaker_watch: breaker::BreakerWatch,
+    /// The kit's count of what the live driver did (G04, count form).
+    driver_counts: DriverCounts,
     edges_reached: bool,
     converged: bool,
     tail_rounds: usize,
