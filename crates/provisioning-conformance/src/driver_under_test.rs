@@ -7,13 +7,28 @@
 //! that the oracle names the broken guarantee. It is equally usable for an
 //! alternative driver implementation that claims the same contract.
 
-use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink};
+use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink, PassReport};
 use provisioning::limits::{LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
     ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult, GroupId,
-    LogicalNodeId, NodeHistory, Observation, OperationId, RetryPolicy, Timestamp,
+    LogicalNodeId, NodeDecision, NodeHistory, Observation, OperationId, RetryPolicy, Timestamp,
 };
+
+/// What one pass planned before it was applied, as
+/// [`PassPlan`](provisioning::driver::PassPlan) shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedPass {
+    /// The instant the pass evaluates.
+    pub now: Timestamp,
+    /// Whether it evaluates every slot.
+    pub full: bool,
+    /// How many slots the decider looked at.
+    pub evaluated: usize,
+    /// Its decisions, in slot order (an incremental pass lists every node it
+    /// evaluated; a full pass the nodes that act or wait on a timer).
+    pub decisions: Vec<(LogicalNodeId, NodeDecision)>,
+}
 
 /// The operations of [`ClusterDriver`] the harness uses. See its docs for
 /// the contract of each method; an implementation must keep it.
@@ -36,6 +51,26 @@ pub trait DriverUnderTest {
         now: Timestamp,
         sink: &mut dyn OperationSink,
     ) -> Result<DriveReport, DriverError>;
+
+    /// One queued pass in two steps ([`ClusterDriver::begin_pass`], then
+    /// [`ClusterDriver::finish_pass`]), reporting what it planned. With
+    /// `first`, a due stored deadline queues a pass first, as
+    /// [`ClusterDriver::drive_until_blocked`] does. `Ok(None)` when no pass
+    /// is queued. The default cannot split a pass (`None`): the harness
+    /// then drives with [`DriverUnderTest::drive_until_blocked`] only.
+    ///
+    /// # Errors
+    /// As [`ClusterDriver::begin_pass`] and [`ClusterDriver::finish_pass`].
+    #[allow(clippy::type_complexity)]
+    fn drive_one_pass(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+        first: bool,
+    ) -> Option<Result<Option<(PlannedPass, PassReport)>, DriverError>> {
+        let _ = (now, sink, first);
+        None
+    }
 
     /// See [`ClusterDriver::apply_executor_result`].
     ///
@@ -173,6 +208,34 @@ impl DriverUnderTest for ClusterDriver {
         sink: &mut dyn OperationSink,
     ) -> Result<DriveReport, DriverError> {
         ClusterDriver::drive_until_blocked(self, now, sink)
+    }
+
+    fn drive_one_pass(
+        &mut self,
+        now: Timestamp,
+        sink: &mut dyn OperationSink,
+        first: bool,
+    ) -> Option<Result<Option<(PlannedPass, PassReport)>, DriverError>> {
+        if first {
+            self.trigger_if_due(now);
+        }
+        if !self.is_queued() {
+            return Some(Ok(None));
+        }
+        let plan = match self.begin_pass(now) {
+            Ok(plan) => plan,
+            Err(error) => return Some(Err(error)),
+        };
+        let planned = PlannedPass {
+            now: plan.now(),
+            full: plan.is_full(),
+            evaluated: plan.evaluated(),
+            decisions: plan.decisions().to_vec(),
+        };
+        Some(
+            self.finish_pass(plan, sink)
+                .map(|report| Some((planned, report))),
+        )
     }
 
     fn apply_executor_result(

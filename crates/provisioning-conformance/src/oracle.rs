@@ -2089,6 +2089,131 @@ impl DesiredSlots {
         let (count, template) = self.groups.get(id.group())?;
         (id.index() < *count).then_some(template)
     }
+
+    /// How many slots are desired, over all groups.
+    pub(crate) fn total(&self) -> u64 {
+        self.groups
+            .values()
+            .map(|(count, _)| u64::from(*count))
+            .sum()
+    }
+}
+
+/// Each node's pending operation, if any: what a pass found.
+pub(crate) type PendingBefore = BTreeMap<LogicalNodeId, Option<provisioning::OperationId>>;
+
+/// The pending operation of every node of `state`.
+pub(crate) fn pending_before(state: &ClusterState) -> PendingBefore {
+    state
+        .nodes
+        .iter()
+        .map(|(id, node)| (id.clone(), node.pending.as_ref().map(|p| p.id)))
+        .collect()
+}
+
+/// G19 (pass plan form): what a pass planned (`begin_pass`) is what it then
+/// did (`finish_pass`). The plan evaluates at the pass's instant; it is a
+/// full pass exactly when one was asked for since the last pass
+/// (`full_expected`; `None` when the kit cannot know, after a recovery); a
+/// full pass evaluates every managed or desired slot, an incremental one
+/// lists every node it evaluated; every operation the pass dispatched has a
+/// step in the plan, and, while no operator limit holds steps back, every
+/// dispatch the plan lists left its operation pending.
+pub(crate) fn g19_pass_did_what_it_planned(
+    planned: &crate::driver_under_test::PlannedPass,
+    before: &PendingBefore,
+    after: &ClusterState,
+    slots: &DesiredSlots,
+    now: Timestamp,
+    full_expected: Option<bool>,
+    limited: bool,
+) -> Verdict {
+    ensure(
+        planned.now.as_millis() == now.as_millis(),
+        GuaranteeId::Quiescence,
+        || format!("a pass at {now} planned for {}", planned.now),
+    )?;
+    if let Some(full) = full_expected {
+        ensure(planned.full == full, GuaranteeId::Quiescence, || {
+            format!(
+                "a pass at {now} was {}, but {}",
+                if planned.full { "full" } else { "incremental" },
+                if full {
+                    "the shape, the limits or a trigger asked for a full pass since the last one"
+                } else {
+                    "nothing asked for a full pass since the last one"
+                }
+            )
+        })?;
+    }
+    let expected = if planned.full {
+        let desired_with_node = before.keys().filter(|id| slots.contains(id)).count() as u64;
+        (before.len() as u64 + slots.total() - desired_with_node) as usize
+    } else {
+        planned.decisions.len()
+    };
+    ensure(
+        planned.evaluated == expected,
+        GuaranteeId::Quiescence,
+        || {
+            format!(
+                "{} pass at {now} says it evaluated {} slots, but it {} {expected}",
+                if planned.full {
+                    "a full"
+                } else {
+                    "an incremental"
+                },
+                planned.evaluated,
+                if planned.full {
+                    "had managed or desired slots"
+                } else {
+                    "listed decisions for"
+                }
+            )
+        },
+    )?;
+    let decided: BTreeMap<&LogicalNodeId, &provisioning::NodeDecision> =
+        planned.decisions.iter().map(|(id, d)| (id, d)).collect();
+    for (id, node) in &after.nodes {
+        let Some(pending) = &node.pending else {
+            continue;
+        };
+        if before.get(id).copied().flatten() == Some(pending.id) {
+            continue;
+        }
+        ensure(
+            decided
+                .get(id)
+                .is_some_and(|d| d.action != provisioning::NodeAction::None),
+            GuaranteeId::Quiescence,
+            || {
+                format!(
+                    "a pass at {now} dispatched {} {} for {id}, but its plan had no step for that node",
+                    pending.kind, pending.id
+                )
+            },
+        )?;
+    }
+    if limited {
+        return Ok(());
+    }
+    for (id, decision) in &planned.decisions {
+        let provisioning::NodeAction::Dispatch(kind) = decision.action else {
+            continue;
+        };
+        let dispatched = after
+            .nodes
+            .get(id)
+            .and_then(|n| n.pending.as_ref())
+            .is_some_and(|p| p.kind == kind && before.get(id).copied().flatten() != Some(p.id));
+        ensure(dispatched, GuaranteeId::Quiescence, || {
+            format!(
+                "a pass at {now} planned to dispatch {kind} for {id} (row {:?}), but left no new {kind} pending",
+                decision.rule
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Every attempt id the kit has seen in the run, and which of them ended.

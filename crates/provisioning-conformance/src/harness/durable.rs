@@ -513,6 +513,7 @@ impl<S: Substrate> Harness<S> {
             .collect::<Vec<_>>();
         self.breaker_watch.lose_track(groups);
         self.driver_counts = super::DriverCounts::default();
+        self.full_expected = None;
         // Folds after the last commit die with the controller, and recovery
         // folds every journaled pending operation as ambiguous: the kit's
         // failure counts restart from the recovered ones (an approximation —

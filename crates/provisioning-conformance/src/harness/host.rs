@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
-use provisioning::driver::{DriverError, NodeError};
+use provisioning::driver::{DriveReport, DriverError, NodeError};
 use provisioning::{
     BootstrapEvent, BreakerPolicy, ClusterState, DesiredUpdate, EffectKind, EffectOutput,
     EndpointLookup, ExecutorResult, GroupId, Intent, LeaseHandle, LogicalNodeId, ManagedNode,
@@ -95,6 +95,8 @@ impl<S: Substrate> Harness<S> {
             history_watch,
             breaker_watch: super::breaker::BreakerWatch::default(),
             driver_counts: super::DriverCounts::default(),
+            drives: 0,
+            full_expected: None,
             edges_reached: false,
             converged: false,
             tail_rounds: 0,
@@ -281,6 +283,7 @@ impl<S: Substrate> Harness<S> {
                     self.breaker_watch
                         .close(&GroupId::new(change.group().name()));
                     self.submit_shape()?;
+                    self.ask_full();
                 }
             }
             Input::Revision(probe) => self.probe_revision(probe)?,
@@ -317,6 +320,7 @@ impl<S: Substrate> Harness<S> {
             Input::Limit(change) => {
                 self.change_limit(change);
                 self.driver.set_limits(self.limits.clone());
+                self.ask_full();
             }
             Input::Resume { group } => {
                 let id = GroupId::new(group.name());
@@ -324,6 +328,7 @@ impl<S: Substrate> Harness<S> {
                 let Some(reported) = self.driver.reset_breaker(&id) else {
                     return self.settle();
                 };
+                self.ask_full();
                 self.check(oracle::g30_resume_reports_and_closes(
                     &id,
                     was_open,
@@ -536,7 +541,21 @@ impl<S: Substrate> Harness<S> {
         }
         let pre = self.driver.state().clone();
         let mut batch = Batch::default();
-        let outcome = self.driver.drive_until_blocked(self.now, &mut batch);
+        self.drives += 1;
+        let split = if self.drives % 2 == 0 {
+            self.drive_split(&mut batch)?
+        } else {
+            None
+        };
+        let outcome = match split {
+            Some(outcome) => outcome,
+            None => self.driver.drive_until_blocked(self.now, &mut batch),
+        };
+        self.full_expected = match &outcome {
+            Ok(report) if report.passes == 0 => self.full_expected,
+            Ok(_) => Some(false),
+            Err(_) => None,
+        };
         if let Ok(report) = &outcome {
             self.driver_counts.passes += u64::from(report.passes);
             self.driver_counts.dispatched += batch.operations.len() as u64;
@@ -563,6 +582,58 @@ impl<S: Substrate> Harness<S> {
         }
         self.hand_out(batch)?;
         Ok(passes > 0)
+    }
+
+    /// Something asked the driver for a full pass (a changed shape, new
+    /// limits, a resume, a trigger): its next pass must be full.
+    fn ask_full(&mut self) {
+        if self.full_expected.is_some() {
+            self.full_expected = Some(true);
+        }
+    }
+
+    /// Drives pass by pass, each split into its plan and its application,
+    /// checking after each that the pass did what it planned (G19, pass
+    /// plan form). `None` when the driver cannot split a pass.
+    fn drive_split(
+        &mut self,
+        batch: &mut Batch,
+    ) -> Result<Option<Result<DriveReport, DriverError>>, Violation> {
+        let limited = !self.limits.max_concurrent_creates.is_empty()
+            || !self.limits.max_unavailable.is_empty()
+            || !self.limits.breakers.is_empty();
+        let mut report = DriveReport::default();
+        while report.passes < provisioning::driver::MAX_PASSES_PER_DRIVE {
+            let before = oracle::pending_before(self.driver.state());
+            let first = report.passes == 0;
+            let Some(outcome) = self.driver.drive_one_pass(self.now, batch, first) else {
+                return Ok(None);
+            };
+            let (planned, pass) = match outcome {
+                Ok(Some(done)) => done,
+                Ok(None) => return Ok(Some(Ok(report))),
+                Err(error) => return Ok(Some(Err(error))),
+            };
+            report.passes += 1;
+            report.dispatched += pass.dispatched;
+            report.refused += pass.refused;
+            let full_expected = if first {
+                self.full_expected
+            } else {
+                Some(false)
+            };
+            self.check(oracle::g19_pass_did_what_it_planned(
+                &planned,
+                &before,
+                self.driver.state(),
+                &self.slots,
+                self.now,
+                full_expected,
+                limited,
+            ))?;
+        }
+        report.budget_exhausted = self.driver.is_queued();
+        Ok(Some(Ok(report)))
     }
 
     /// G30 (hold form) after a drive: the attempts it started respect the
@@ -1114,6 +1185,7 @@ impl<S: Substrate> Harness<S> {
         let before = self.driver.state().clone();
         let requeue_at = self.driver.requeue_at();
         self.driver.trigger();
+        self.ask_full();
         self.drive()?;
         let state = self.driver.state();
         if *state != before {

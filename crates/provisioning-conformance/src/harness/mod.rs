@@ -567,6 +567,13 @@ struct Harness<S: Substrate> {
     breaker_watch: breaker::BreakerWatch,
     /// The kit's count of what the live driver did (G04, count form).
     driver_counts: DriverCounts,
+    /// Drives so far: every second one runs its passes one at a time,
+    /// split into plan and application, when the driver can (G19, pass
+    /// plan form).
+    drives: u64,
+    /// Whether the next pass must be full: something asked for one since
+    /// the last pass (`None` when the kit cannot know).
+    full_expected: Option<bool>,
     edges_reached: bool,
     converged: bool,
     tail_rounds: usize,
