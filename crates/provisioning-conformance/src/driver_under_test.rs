@@ -56,7 +56,9 @@ pub trait DriverUnderTest {
     /// [`ClusterDriver::finish_pass`]), reporting what it planned. With
     /// `first`, a due stored deadline queues a pass first, as
     /// [`ClusterDriver::drive_until_blocked`] does. `Ok(None)` when no pass
-    /// is queued. The default cannot split a pass (`None`): the harness
+    /// is queued. `between` is called while the pass is open, after its
+    /// plan and before its application (the kit probes there that folds are
+    /// refused). The default cannot split a pass (`None`): the harness
     /// then drives with [`DriverUnderTest::drive_until_blocked`] only.
     ///
     /// # Errors
@@ -67,8 +69,9 @@ pub trait DriverUnderTest {
         now: Timestamp,
         sink: &mut dyn OperationSink,
         first: bool,
+        between: &mut dyn FnMut(&mut dyn DriverUnderTest),
     ) -> Option<Result<Option<(PlannedPass, PassReport)>, DriverError>> {
-        let _ = (now, sink, first);
+        let _ = (now, sink, first, between);
         None
     }
 
@@ -215,6 +218,7 @@ impl DriverUnderTest for ClusterDriver {
         now: Timestamp,
         sink: &mut dyn OperationSink,
         first: bool,
+        between: &mut dyn FnMut(&mut dyn DriverUnderTest),
     ) -> Option<Result<Option<(PlannedPass, PassReport)>, DriverError>> {
         if first {
             self.trigger_if_due(now);
@@ -232,6 +236,7 @@ impl DriverUnderTest for ClusterDriver {
             evaluated: plan.evaluated(),
             decisions: plan.decisions().to_vec(),
         };
+        between(self);
         Some(
             self.finish_pass(plan, sink)
                 .map(|report| Some((planned, report))),

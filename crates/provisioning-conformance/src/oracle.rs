@@ -2099,35 +2099,81 @@ impl DesiredSlots {
     }
 }
 
-/// Each node's pending operation, if any: what a pass found.
-pub(crate) type PendingBefore = BTreeMap<LogicalNodeId, Option<provisioning::OperationId>>;
+/// What a pass found of each node: its pending operation, attempt, intent
+/// and template.
+pub(crate) type PassBefore = BTreeMap<
+    LogicalNodeId,
+    (
+        Option<provisioning::OperationId>,
+        NodeAttemptId,
+        Intent,
+        bool,
+    ),
+>;
 
-/// The pending operation of every node of `state`.
-pub(crate) fn pending_before(state: &ClusterState) -> PendingBefore {
+/// What a pass found of every node of `state` (the last field: whether the
+/// node was ready, by the kit's reading).
+pub(crate) fn pass_before(state: &ClusterState) -> PassBefore {
     state
         .nodes
         .iter()
-        .map(|(id, node)| (id.clone(), node.pending.as_ref().map(|p| p.id)))
+        .map(|(id, node)| {
+            let ready = node.record.ready
+                && node.intent == Intent::Active
+                && matches!(node.record.stage, NodeStage::HandedOff | NodeStage::Dormant);
+            (
+                id.clone(),
+                (
+                    node.pending.as_ref().map(|p| p.id),
+                    node.attempt,
+                    node.intent,
+                    ready,
+                ),
+            )
+        })
         .collect()
 }
 
-/// G19 (pass plan form): what a pass planned (`begin_pass`) is what it then
-/// did (`finish_pass`). The plan evaluates at the pass's instant; it is a
-/// full pass exactly when one was asked for since the last pass
-/// (`full_expected`; `None` when the kit cannot know, after a recovery); a
-/// full pass evaluates every managed or desired slot, an incremental one
-/// lists every node it evaluated; every operation the pass dispatched has a
-/// step in the plan, and, while no operator limit holds steps back, every
-/// dispatch the plan lists left its operation pending.
+/// The operator limits as the kit set them, for judging what a pass held
+/// back: the launch cap of the kit's provider, each group's rollout budget
+/// (a count, at least one), and whether the kit's breaker model holds a
+/// group's new attempts.
+pub(crate) struct Holds<'a> {
+    pub(crate) cap: Option<u32>,
+    pub(crate) budgets: BTreeMap<GroupId, u32>,
+    pub(crate) breaker_holds: &'a dyn Fn(&GroupId) -> bool,
+}
+
+/// How many planned steps a pass held back, by limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub(crate) cap: u64,
+    pub(crate) budget: u64,
+    pub(crate) breaker: u64,
+}
+
+/// G19 (pass plan form), with G29/G30's "hold only what the limit must":
+/// what a pass planned (`begin_pass`) is what it then did (`finish_pass`).
+/// The plan evaluates at the pass's instant; it is a full pass exactly when
+/// one was asked for since the last pass (`full_expected`; `None` when the
+/// kit cannot know, after a recovery); a full pass evaluates every managed
+/// or desired slot, an incremental one lists every node it evaluated; every
+/// operation the pass dispatched has a step in the plan; and every step the
+/// plan lists was taken, unless a limit held it back with cause: a first
+/// create while the creates pending fill the launch cap, the teardown of a
+/// ready drifted desired node while its group's unready slots fill its
+/// rollout budget, a new attempt while the kit's model holds the group's
+/// breaker open. Returns what was held, by limit.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn g19_pass_did_what_it_planned(
     planned: &crate::driver_under_test::PlannedPass,
-    before: &PendingBefore,
+    before: &PassBefore,
     after: &ClusterState,
     slots: &DesiredSlots,
     now: Timestamp,
     full_expected: Option<bool>,
-    limited: bool,
-) -> Verdict {
+    holds: &Holds<'_>,
+) -> Result<Held, Breach> {
     ensure(
         planned.now.as_millis() == now.as_millis(),
         GuaranteeId::Quiescence,
@@ -2172,13 +2218,14 @@ pub(crate) fn g19_pass_did_what_it_planned(
             )
         },
     )?;
+    let pending_before = |id: &LogicalNodeId| before.get(id).and_then(|b| b.0);
     let decided: BTreeMap<&LogicalNodeId, &provisioning::NodeDecision> =
         planned.decisions.iter().map(|(id, d)| (id, d)).collect();
     for (id, node) in &after.nodes {
         let Some(pending) = &node.pending else {
             continue;
         };
-        if before.get(id).copied().flatten() == Some(pending.id) {
+        if pending_before(id) == Some(pending.id) {
             continue;
         }
         ensure(
@@ -2194,26 +2241,131 @@ pub(crate) fn g19_pass_did_what_it_planned(
             },
         )?;
     }
-    if limited {
-        return Ok(());
-    }
+    let creates_pending = after
+        .nodes
+        .values()
+        .filter(|n| {
+            n.pending
+                .as_ref()
+                .is_some_and(|p| p.kind == EffectKind::CreateLease)
+        })
+        .count() as u64;
+    let mut held = Held::default();
     for (id, decision) in &planned.decisions {
-        let provisioning::NodeAction::Dispatch(kind) = decision.action else {
-            continue;
+        use provisioning::NodeAction;
+        let now_node = after.nodes.get(id);
+        let taken = match decision.action {
+            NodeAction::Dispatch(kind) => now_node
+                .and_then(|n| n.pending.as_ref())
+                .is_some_and(|p| p.kind == kind && pending_before(id) != Some(p.id)),
+            NodeAction::BeginDelete => now_node.is_none_or(|n| n.intent == Intent::Deleting),
+            NodeAction::Insert => now_node.is_some(),
+            NodeAction::Restart => {
+                now_node.is_some_and(|n| before.get(id).is_none_or(|b| b.1 != n.attempt))
+            }
+            _ => true,
         };
-        let dispatched = after
-            .nodes
-            .get(id)
-            .and_then(|n| n.pending.as_ref())
-            .is_some_and(|p| p.kind == kind && before.get(id).copied().flatten() != Some(p.id));
-        ensure(dispatched, GuaranteeId::Quiescence, || {
-            format!(
-                "a pass at {now} planned to dispatch {kind} for {id} (row {:?}), but left no new {kind} pending",
-                decision.rule
-            )
-        })?;
+        if taken {
+            continue;
+        }
+        let cause = match decision.action {
+            NodeAction::Dispatch(EffectKind::CreateLease)
+                if decision.rule == provisioning::Rule::CreateLease =>
+            {
+                let cap = holds.cap.ok_or_else(|| {
+                    breach(
+                        GuaranteeId::BudgetsHold,
+                        format!(
+                            "a pass at {now} held back the first create of {id} without a launch cap"
+                        ),
+                    )
+                })?;
+                ensure(
+                    creates_pending >= u64::from(cap),
+                    GuaranteeId::BudgetsHold,
+                    || {
+                        format!(
+                            "a pass at {now} held back the first create of {id} with only {creates_pending} creates pending under a launch cap of {cap}"
+                        )
+                    },
+                )?;
+                &mut held.cap
+            }
+            NodeAction::BeginDelete => {
+                let group = id.group();
+                let ready = before.get(id).is_some_and(|b| b.3);
+                let drifted = match (now_node, slots.template(id)) {
+                    (Some(node), Some(template)) => node.spec.template() != template,
+                    _ => false,
+                };
+                let budget = holds.budgets.get(group).copied();
+                ensure(
+                    budget.is_some() && ready && drifted,
+                    GuaranteeId::BudgetsHold,
+                    || {
+                        format!(
+                            "a pass at {now} held back the teardown of {id}, which is not a ready drifted node of a group under a rollout budget ({})",
+                            if slots.contains(id) {
+                                "desired"
+                            } else {
+                                "undesired: a scale-down is never held"
+                            }
+                        )
+                    },
+                )?;
+                let budget = budget.unwrap_or(0);
+                let unready = unready_desired(after, slots, group);
+                ensure(unready >= budget, GuaranteeId::BudgetsHold, || {
+                    format!(
+                        "a pass at {now} held back the rollout of {id} with {unready} desired slots of group {group} unready, under its budget of {budget}"
+                    )
+                })?;
+                &mut held.budget
+            }
+            NodeAction::Insert | NodeAction::Restart => {
+                ensure(
+                    (holds.breaker_holds)(id.group()),
+                    GuaranteeId::BreakerLiveness,
+                    || {
+                        format!(
+                            "a pass at {now} held back the new attempt of {id} ({:?}) though the kit's model of group {}'s breaker is closed",
+                            decision.action,
+                            id.group()
+                        )
+                    },
+                )?;
+                &mut held.breaker
+            }
+            action => {
+                return Err(breach(
+                    GuaranteeId::Quiescence,
+                    format!(
+                        "a pass at {now} planned {action:?} for {id} (row {:?}) but did not take the step, and no limit holds such a step",
+                        decision.rule
+                    ),
+                ));
+            }
+        };
+        *cause += 1;
     }
-    Ok(())
+    Ok(held)
+}
+
+/// Desired slots of `group` without a ready node in `state`.
+fn unready_desired(state: &ClusterState, slots: &DesiredSlots, group: &GroupId) -> u32 {
+    let count = slots.count(group);
+    let ready = state
+        .nodes
+        .iter()
+        .filter(|(id, node)| {
+            id.group() == group
+                && id.index() < count
+                && node.record.ready
+                && node.intent == Intent::Active
+                && matches!(node.record.stage, NodeStage::HandedOff | NodeStage::Dormant)
+        })
+        .count() as u32;
+    count.saturating_sub(ready)
 }
 
 /// Every attempt id the kit has seen in the run, and which of them ended.

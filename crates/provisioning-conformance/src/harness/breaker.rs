@@ -99,6 +99,12 @@ impl BreakerWatch {
         }
     }
 
+    /// Whether the kit's model lets the driver hold `group`'s new attempts
+    /// back: its breaker is open, or the kit cannot know.
+    pub(super) fn holds(&self, group: &GroupId) -> bool {
+        self.open(group).unwrap_or(true)
+    }
+
     /// Whether the kit's breaker of `group` is open; `None` when unknown.
     fn open(&self, group: &GroupId) -> Option<bool> {
         if self.unknown.contains(group) {

@@ -599,19 +599,53 @@ impl<S: Substrate> Harness<S> {
         &mut self,
         batch: &mut Batch,
     ) -> Result<Option<Result<DriveReport, DriverError>>, Violation> {
-        let limited = !self.limits.max_concurrent_creates.is_empty()
-            || !self.limits.max_unavailable.is_empty()
-            || !self.limits.breakers.is_empty();
+        let counters_before = self.driver.limit_counters();
+        let mut held = oracle::Held::default();
         let mut report = DriveReport::default();
         while report.passes < provisioning::driver::MAX_PASSES_PER_DRIVE {
-            let before = oracle::pending_before(self.driver.state());
+            let before = oracle::pass_before(self.driver.state());
             let first = report.passes == 0;
-            let Some(outcome) = self.driver.drive_one_pass(self.now, batch, first) else {
+            // While the pass is open, a fold must be refused and change
+            // nothing: the timeout of the first pending operation, at its
+            // deadline (it would fold if the pass were not open).
+            let probe = self
+                .driver
+                .state()
+                .nodes
+                .iter()
+                .find_map(|(id, n)| n.pending.as_ref().map(|p| (id.clone(), p.id, p.deadline)));
+            let mut refused: Option<Result<(), String>> = None;
+            let mut between = |driver: &mut dyn crate::DriverUnderTest| {
+                let Some((node, op, deadline)) = &probe else {
+                    return;
+                };
+                let outcome = driver.operation_timed_out(node, *op, *deadline);
+                let still = driver
+                    .state()
+                    .nodes
+                    .get(node)
+                    .and_then(|n| n.pending.as_ref())
+                    .is_some_and(|p| p.id == *op);
+                refused = Some(match outcome {
+                    Err(DriverError::PassInProgress) if still => Ok(()),
+                    other => Err(format!(
+                        "the timeout of {node} {op} folded while a pass was open answered {other:?} (its operation {} pending)",
+                        if still { "still" } else { "no longer" }
+                    )),
+                });
+            };
+            let Some(outcome) = self
+                .driver
+                .drive_one_pass(self.now, batch, first, &mut between)
+            else {
                 return Ok(None);
             };
+            if let Some(Err(detail)) = refused {
+                return Err(self.violation(breach(GuaranteeId::Correlation, detail)));
+            }
             let (planned, pass) = match outcome {
                 Ok(Some(done)) => done,
-                Ok(None) => return Ok(Some(Ok(report))),
+                Ok(None) => break,
                 Err(error) => return Ok(Some(Err(error))),
             };
             report.passes += 1;
@@ -622,17 +656,65 @@ impl<S: Substrate> Harness<S> {
             } else {
                 Some(false)
             };
-            self.check(oracle::g19_pass_did_what_it_planned(
+            let watch = &self.breaker_watch;
+            let breaker_holds = |group: &GroupId| watch.holds(group);
+            let holds = oracle::Holds {
+                cap: self
+                    .limits
+                    .max_concurrent_creates
+                    .get(super::PROVIDER_KIND)
+                    .copied(),
+                budgets: self
+                    .limits
+                    .max_unavailable
+                    .iter()
+                    .map(|(group, budget)| {
+                        let count = match budget {
+                            MaxUnavailable::Count(n) => *n,
+                            MaxUnavailable::Percent(_) => 1,
+                        };
+                        (group.clone(), count.max(1))
+                    })
+                    .collect(),
+                breaker_holds: &breaker_holds,
+            };
+            let verdict = oracle::g19_pass_did_what_it_planned(
                 &planned,
                 &before,
                 self.driver.state(),
                 &self.slots,
                 self.now,
                 full_expected,
-                limited,
-            ))?;
+                &holds,
+            );
+            match verdict {
+                Ok(pass_held) => {
+                    held.cap += pass_held.cap;
+                    held.budget += pass_held.budget;
+                    held.breaker += pass_held.breaker;
+                }
+                Err(breach) => return Err(self.violation(breach)),
+            }
         }
-        report.budget_exhausted = self.driver.is_queued();
+        if report.passes == provisioning::driver::MAX_PASSES_PER_DRIVE {
+            report.budget_exhausted = self.driver.is_queued();
+        }
+        let counters = self.driver.limit_counters();
+        let counted = oracle::Held {
+            cap: counters.held_by_cap - counters_before.held_by_cap,
+            budget: counters.held_by_budget - counters_before.held_by_budget,
+            breaker: counters.held_by_breaker - counters_before.held_by_breaker,
+        };
+        self.check(if counted == held {
+            Ok(())
+        } else {
+            Err(breach(
+                GuaranteeId::BudgetsHold,
+                format!(
+                    "over a drive the driver counts {counted:?} steps held back by the cap, the budgets and the breakers, but the kit saw {held:?} planned steps held"
+                ),
+            ))
+        })?;
         Ok(Some(Ok(report)))
     }
 
@@ -644,9 +726,29 @@ impl<S: Substrate> Harness<S> {
             .drive(pre, self.driver.state(), &self.limits, self.now);
         self.check(verdict)?;
         let groups: Vec<GroupId> = self.limits.breakers.keys().cloned().collect();
+        let mut reports_breakers = false;
         for group in groups {
             let said = self.driver.breaker_open(&group, self.now);
+            reports_breakers |= said.is_some();
             self.check(self.breaker_watch.agrees(&group, said, &self.limits))?;
+        }
+        if reports_breakers && self.durable.crashes == 0 {
+            // The driver's own counts of openings and probes (what a host
+            // shows an operator) against the model's, over the one life.
+            let counters = self.driver.limit_counters();
+            let said = (counters.breakers_opened, counters.breaker_probes);
+            let seen = (self.breaker_watch.opened, self.breaker_watch.probes);
+            self.check(if said == seen {
+                Ok(())
+            } else {
+                Err(breach(
+                    GuaranteeId::BreakerLiveness,
+                    format!(
+                        "the driver counts {} breaker openings and {} probes, but the kit's model saw {} and {}",
+                        said.0, said.1, seen.0, seen.1
+                    ),
+                ))
+            })?;
         }
         Ok(())
     }
