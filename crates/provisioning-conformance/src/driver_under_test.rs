@@ -8,7 +8,7 @@
 //! alternative driver implementation that claims the same contract.
 
 use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink, PassReport};
-use provisioning::limits::{LimitCounters, Limits};
+use provisioning::limits::{BreakerStatus, LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
     ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult, GroupId,
@@ -180,6 +180,19 @@ pub trait DriverUnderTest {
         None
     }
 
+    /// See [`ClusterDriver::breaker`]: the breaker's bookkeeping, what a
+    /// host shows an operator. The default has no breakers (`None`).
+    fn breaker_status(&self, group: &GroupId) -> Option<Option<BreakerStatus>> {
+        let _ = group;
+        None
+    }
+
+    /// See [`ClusterDriver::limits`]: the limits in force. The default
+    /// reports none (`None`).
+    fn limits_in_force(&self) -> Option<Limits> {
+        None
+    }
+
     /// See [`ClusterDriver::reset_breaker`] (`provision resume GROUP`):
     /// whether the breaker was open. The default has no breakers (`None`).
     fn reset_breaker(&mut self, group: &GroupId) -> Option<bool> {
@@ -331,6 +344,14 @@ impl DriverUnderTest for ClusterDriver {
 
     fn breaker_open(&self, group: &GroupId, now: Timestamp) -> Option<bool> {
         Some(ClusterDriver::open_breaker(self, group, now).is_some())
+    }
+
+    fn breaker_status(&self, group: &GroupId) -> Option<Option<BreakerStatus>> {
+        Some(ClusterDriver::breaker(self, group).cloned())
+    }
+
+    fn limits_in_force(&self) -> Option<Limits> {
+        Some(ClusterDriver::limits(self).clone())
     }
 
     fn reset_breaker(&mut self, group: &GroupId) -> Option<bool> {

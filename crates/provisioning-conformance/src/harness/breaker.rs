@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use provisioning::limits::BreakerStatus;
 use provisioning::{ClusterState, GroupId, Intent, Limits, ManagedNode, NodeStage, Timestamp};
 
 use crate::guarantee::GuaranteeId;
@@ -115,6 +116,43 @@ impl BreakerWatch {
                 .get(group)
                 .is_some_and(|m| m.opened_at.is_some()),
         )
+    }
+
+    /// G30 (hold form): the driver's bookkeeping of `group`'s breaker
+    /// (`status`: `None` for a driver that does not show it) is the kit's:
+    /// the same count of consecutive failures, opened at the same instant,
+    /// probing or not alike.
+    pub(super) fn status_agrees(
+        &self,
+        group: &GroupId,
+        status: Option<Option<BreakerStatus>>,
+    ) -> Verdict {
+        let Some(status) = status else {
+            return Ok(());
+        };
+        if self.unknown.contains(group) {
+            return Ok(());
+        }
+        let said = status.map(|s| {
+            (
+                s.consecutive_failures,
+                s.opened_at.map(Timestamp::as_millis),
+                s.probing,
+            )
+        });
+        let seen = self
+            .groups
+            .get(group)
+            .map(|m| (m.failures, m.opened_at, m.probing));
+        if said == seen {
+            return Ok(());
+        }
+        Err(breach(
+            GuaranteeId::BreakerLiveness,
+            format!(
+                "group {group}'s breaker by the driver's books is {said:?} (failures, opened at ms, probing), but the kit's model is {seen:?}"
+            ),
+        ))
     }
 
     /// G30 (hold form): the driver's word on `group`'s breaker (`said`,

@@ -321,6 +321,19 @@ impl<S: Substrate> Harness<S> {
                 self.change_limit(change);
                 self.driver.set_limits(self.limits.clone());
                 self.ask_full();
+                if let Some(in_force) = self.driver.limits_in_force() {
+                    self.check(if in_force == self.limits {
+                        Ok(())
+                    } else {
+                        Err(breach(
+                            GuaranteeId::BudgetsHold,
+                            format!(
+                                "the driver says {in_force:?} are in force, but it was given {:?}",
+                                self.limits
+                            ),
+                        ))
+                    })?;
+                }
             }
             Input::Resume { group } => {
                 let id = GroupId::new(group.name());
@@ -731,6 +744,8 @@ impl<S: Substrate> Harness<S> {
             let said = self.driver.breaker_open(&group, self.now);
             reports_breakers |= said.is_some();
             self.check(self.breaker_watch.agrees(&group, said, &self.limits))?;
+            let status = self.driver.breaker_status(&group);
+            self.check(self.breaker_watch.status_agrees(&group, status))?;
         }
         if reports_breakers && self.durable.crashes == 0 {
             // The driver's own counts of openings and probes (what a host
@@ -1114,6 +1129,9 @@ impl<S: Substrate> Harness<S> {
                 .fold(group, before, after, &self.limits, self.now);
             let said = self.driver.breaker_open(group, self.now);
             let verdict = self.breaker_watch.agrees(group, said, &self.limits);
+            self.check(verdict)?;
+            let status = self.driver.breaker_status(group);
+            let verdict = self.breaker_watch.status_agrees(group, status);
             self.check(verdict)?;
         }
         let after = self.driver.state().nodes.get(id).unwrap_or(before);
