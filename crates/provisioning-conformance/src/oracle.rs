@@ -2152,6 +2152,13 @@ pub(crate) struct Held {
     pub(crate) breaker: u64,
 }
 
+/// How many planned steps a pass took: dispatches and other transitions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub(crate) dispatches: usize,
+    pub(crate) transitions: usize,
+}
+
 /// G19 (pass plan form), with G29/G30's "hold only what the limit must":
 /// what a pass planned (`begin_pass`) is what it then did (`finish_pass`).
 /// The plan evaluates at the pass's instant; it is a full pass exactly when
@@ -2173,7 +2180,7 @@ pub(crate) fn g19_pass_did_what_it_planned(
     now: Timestamp,
     full_expected: Option<bool>,
     holds: &Holds<'_>,
-) -> Result<Held, Breach> {
+) -> Result<(Held, Taken), Breach> {
     ensure(
         planned.now.as_millis() == now.as_millis(),
         GuaranteeId::Quiescence,
@@ -2251,6 +2258,7 @@ pub(crate) fn g19_pass_did_what_it_planned(
         })
         .count() as u64;
     let mut held = Held::default();
+    let mut took = Taken::default();
     for (id, decision) in &planned.decisions {
         use provisioning::NodeAction;
         let now_node = after.nodes.get(id);
@@ -2266,6 +2274,11 @@ pub(crate) fn g19_pass_did_what_it_planned(
             _ => true,
         };
         if taken {
+            match decision.action {
+                NodeAction::None => {}
+                NodeAction::Dispatch(_) => took.dispatches += 1,
+                _ => took.transitions += 1,
+            }
             continue;
         }
         let cause = match decision.action {
@@ -2348,7 +2361,7 @@ pub(crate) fn g19_pass_did_what_it_planned(
         };
         *cause += 1;
     }
-    Ok(held)
+    Ok((held, took))
 }
 
 /// Desired slots of `group` without a ready node in `state`.

@@ -503,7 +503,12 @@ impl<S: Substrate> Harness<S> {
         self.driver = driver;
         // The limits are configuration: the new controller is given them too.
         self.driver.set_limits(self.limits.clone());
-        self.history_watch = super::HistoryWatch::start(self.driver.as_mut());
+        let depth = if self.history_off {
+            0
+        } else {
+            super::HISTORY_DEPTH
+        };
+        self.history_watch = super::HistoryWatch::start(self.driver.as_mut(), depth);
         let groups = self
             .driver
             .desired()

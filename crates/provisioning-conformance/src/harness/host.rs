@@ -51,7 +51,7 @@ impl<S: Substrate> Harness<S> {
             detail: format!("the driver could not be built: {error}"),
         })?;
         driver.track_changes();
-        let history_watch = super::HistoryWatch::start(driver.as_mut());
+        let history_watch = super::HistoryWatch::start(driver.as_mut(), super::HISTORY_DEPTH);
         let now = Timestamp::from_millis(header.clock_start_ms);
         let durable = DurableSide::new(now, &options.host);
         if header.late_close {
@@ -94,6 +94,7 @@ impl<S: Substrate> Harness<S> {
             limits: provisioning::Limits::default(),
             history_watch,
             breaker_watch: super::breaker::BreakerWatch::default(),
+            history_off: header.late_close,
             driver_counts: super::DriverCounts::default(),
             drives: 0,
             full_expected: None,
@@ -123,7 +124,14 @@ impl<S: Substrate> Harness<S> {
         self.phase = Phase::Setup;
         self.submit_shape()?;
         self.settle()?;
-        self.check_state()
+        self.check_state()?;
+        if self.history_off {
+            // From here on the driver keeps no history: what it kept during
+            // the setup must go at once.
+            self.history_watch = super::HistoryWatch::start(self.driver.as_mut(), 0);
+            self.check_history()?;
+        }
+        Ok(())
     }
 
     /// Applies the next input of the run and checks what the oracle checks
@@ -613,6 +621,8 @@ impl<S: Substrate> Harness<S> {
         batch: &mut Batch,
     ) -> Result<Option<Result<DriveReport, DriverError>>, Violation> {
         let counters_before = self.driver.limit_counters();
+        let evaluations_before = self.driver.counters().map(|c| c.evaluations);
+        let mut evaluated = 0u64;
         let mut held = oracle::Held::default();
         let mut report = DriveReport::default();
         while report.passes < provisioning::driver::MAX_PASSES_PER_DRIVE {
@@ -701,16 +711,52 @@ impl<S: Substrate> Harness<S> {
                 &holds,
             );
             match verdict {
-                Ok(pass_held) => {
+                Ok((pass_held, took)) => {
                     held.cap += pass_held.cap;
                     held.budget += pass_held.budget;
                     held.breaker += pass_held.breaker;
+                    evaluated += planned.evaluated as u64;
+                    // The pass's own report: what it evaluated, dispatched
+                    // and applied, as the kit saw it take the steps.
+                    let said = (
+                        pass.evaluated,
+                        pass.dispatched + pass.refused,
+                        pass.transitions,
+                    );
+                    let seen = (planned.evaluated, took.dispatches, took.transitions);
+                    self.check(if said == seen {
+                        Ok(())
+                    } else {
+                        Err(breach(
+                            GuaranteeId::RecordBeforeDispatch,
+                            format!(
+                                "a pass at {} reports {said:?} (evaluated, dispatched, transitions), but planned and took {seen:?}",
+                                self.now
+                            ),
+                        ))
+                    })?;
                 }
                 Err(breach) => return Err(self.violation(breach)),
             }
         }
         if report.passes == provisioning::driver::MAX_PASSES_PER_DRIVE {
             report.budget_exhausted = self.driver.is_queued();
+        }
+        if let (Some(before), Some(after)) = (
+            evaluations_before,
+            self.driver.counters().map(|c| c.evaluations),
+        ) {
+            self.check(if after - before == evaluated {
+                Ok(())
+            } else {
+                Err(breach(
+                    GuaranteeId::RecordBeforeDispatch,
+                    format!(
+                        "over a drive the driver counts {} node evaluations, but its plans evaluated {evaluated}",
+                        after - before
+                    ),
+                ))
+            })?;
         }
         let counters = self.driver.limit_counters();
         let counted = oracle::Held {
@@ -1272,6 +1318,21 @@ impl<S: Substrate> Harness<S> {
     /// G32 (history form): the driver's node histories agree with its nodes.
     fn check_history(&mut self) -> Result<(), Violation> {
         let watch = &self.history_watch;
+        if watch.keeps_none {
+            let state = self.driver.state();
+            let kept = state
+                .nodes
+                .keys()
+                .chain(watch.seen.iter())
+                .find(|id| self.driver.history(id).is_some());
+            return self.check(match kept {
+                None => Ok(()),
+                Some(id) => Err(breach(
+                    GuaranteeId::StageCoherence,
+                    format!("{id} has a history, but the driver was told to keep none"),
+                )),
+            });
+        }
         if watch.depth == 0 {
             return Ok(());
         }

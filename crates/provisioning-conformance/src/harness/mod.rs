@@ -485,6 +485,9 @@ const HISTORY_DEPTH: usize = 3;
 struct HistoryWatch {
     /// Entries the driver keeps per node; 0 when it keeps no history.
     depth: usize,
+    /// The driver was told to keep no history (depth 0) and can be: then
+    /// it must keep none at all.
+    keeps_none: bool,
     /// Each node's condition when the controller started: histories are
     /// not journaled, so a recovered node has none until it changes.
     at_start: BTreeMap<LogicalNodeId, oracle::Condition>,
@@ -493,17 +496,15 @@ struct HistoryWatch {
 }
 
 impl HistoryWatch {
-    /// Asks a freshly built or recovered `driver` to keep histories, and
-    /// notes where its nodes start.
-    fn start(driver: &mut dyn DriverUnderTest) -> Self {
-        let depth = if driver.set_history_depth(HISTORY_DEPTH) {
-            HISTORY_DEPTH
-        } else {
-            0
-        };
+    /// Asks a freshly built or recovered `driver` to keep `wanted` entries
+    /// of history per node (0: none), and notes where its nodes start.
+    fn start(driver: &mut dyn DriverUnderTest, wanted: usize) -> Self {
+        let supported = driver.set_history_depth(wanted);
+        let depth = if supported { wanted } else { 0 };
         let state = driver.state();
         HistoryWatch {
             depth,
+            keeps_none: supported && wanted == 0,
             at_start: state
                 .nodes
                 .iter()
@@ -565,6 +566,10 @@ struct Harness<S: Substrate> {
     history_watch: HistoryWatch,
     /// The kit's own model of each group's breaker (G30, hold form).
     breaker_watch: breaker::BreakerWatch,
+    /// Whether the driver is told to keep no history once set up (the
+    /// `late-close` runs, a quarter of the seeds): what it kept must go,
+    /// and nothing be kept after.
+    history_off: bool,
     /// The kit's count of what the live driver did (G04, count form).
     driver_counts: DriverCounts,
     /// Drives so far: every second one runs its passes one at a time,
