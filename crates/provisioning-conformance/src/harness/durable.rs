@@ -250,6 +250,9 @@ pub(super) struct DurableSide {
     pub(super) crash_armed: bool,
     /// Crashes that happened.
     pub(super) crashes: u64,
+    /// What the last commit wrote: meta, upserts, removals (all zero for
+    /// an empty change set).
+    pub(super) last_commit: (bool, usize, usize),
     /// Create/start operations recovery made ambiguous, by attempt.
     pub(super) recovered_ambiguous: BTreeSet<(NodeAttemptId, EffectKind)>,
     /// The host's orphan suspects: key → first seen unowned.
@@ -270,6 +273,7 @@ impl DurableSide {
             control: Control::default(),
             crash_armed: false,
             crashes: 0,
+            last_commit: (false, 0, 0),
             recovered_ambiguous: BTreeSet::new(),
             suspects: BTreeMap::new(),
             observed_orphans: BTreeMap::new(),
@@ -328,6 +332,11 @@ impl<S: Substrate> Harness<S> {
     /// driver tracks everything again, so the next commit rewrites it all.
     fn commit(&mut self) -> Result<(), String> {
         let changes: ChangeSet = self.driver.take_changes(self.now);
+        self.durable.last_commit = (
+            changes.meta.is_some(),
+            changes.upserts.len(),
+            changes.removed.len(),
+        );
         if changes.is_empty() {
             return Ok(());
         }

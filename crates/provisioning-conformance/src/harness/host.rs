@@ -1367,6 +1367,7 @@ impl<S: Substrate> Harness<S> {
         let requeue_at = self.driver.requeue_at();
         self.driver.trigger();
         self.ask_full();
+        self.durable.last_commit = (false, 0, 0);
         self.drive()?;
         let state = self.driver.state();
         if *state != before {
@@ -1389,6 +1390,18 @@ impl<S: Substrate> Harness<S> {
                 format!(
                     "a forced pass over a settled machine changed it: {}",
                     changed.join("; ")
+                ),
+            )));
+        }
+        // Nothing changed, so nothing is written: a host journals every
+        // wake's change set, and an idle pass must cost no write.
+        let written = self.durable.last_commit;
+        if written != (false, 0, 0) {
+            return Err(self.violation(breach(
+                GuaranteeId::Quiescence,
+                format!(
+                    "a forced pass over a settled machine wrote to the journal (meta {}, {} nodes, {} removals)",
+                    written.0, written.1, written.2
                 ),
             )));
         }
