@@ -41,6 +41,9 @@ pub(super) struct BreakerWatch {
     /// the journaled count may include folds the kit saw die with the old
     /// controller) until something closes it.
     unknown: BTreeSet<GroupId>,
+    /// The model as of the last commit: what the journal must hold of the
+    /// breakers, and what a recovered controller starts from.
+    committed: Option<(BTreeMap<GroupId, Model>, BTreeSet<GroupId>)>,
     /// Breakers the model opened (vacuity).
     pub(super) opened: u64,
     /// Probes the model saw start after a cool-down (vacuity).
@@ -59,12 +62,66 @@ fn ready(node: &ManagedNode) -> bool {
 }
 
 impl BreakerWatch {
-    /// Forgets every breaker and marks `groups` unknown (a recovered
-    /// controller).
+    /// Forgets every breaker and marks `groups` unknown.
     pub(super) fn lose_track(&mut self, groups: impl IntoIterator<Item = GroupId>) {
         self.unknown.extend(groups);
         self.unknown.extend(self.groups.keys().cloned());
         self.groups.clear();
+    }
+
+    /// The driver's changes were committed: the journal now holds the
+    /// breakers as the model has them.
+    pub(super) fn committed(&mut self) {
+        self.committed = Some((self.groups.clone(), self.unknown.clone()));
+    }
+
+    /// G26 (breaker form): a controller recovered from the journal, whose
+    /// breakers are `stored`. They must be the model's as of the last
+    /// commit (the same failure counts, open or not, probing or not; the
+    /// instants are shifted onto the new controller's clock, so they are
+    /// taken from the journal), and the model goes on from there. Without a
+    /// commit yet, every group is unknown.
+    pub(super) fn recovered(
+        &mut self,
+        stored: &BTreeMap<GroupId, BreakerStatus>,
+        recovered: &dyn Fn(&GroupId) -> Option<Option<BreakerStatus>>,
+        groups: impl IntoIterator<Item = GroupId>,
+    ) -> Verdict {
+        let Some((committed, unknown)) = self.committed.clone() else {
+            self.lose_track(groups);
+            return Ok(());
+        };
+        self.groups = committed;
+        self.unknown = unknown;
+        let mut names: BTreeSet<GroupId> = stored.keys().cloned().collect();
+        names.extend(self.groups.keys().cloned());
+        for group in names {
+            if self.unknown.contains(&group) {
+                continue;
+            }
+            let journaled = stored
+                .get(&group)
+                .map(|b| (b.consecutive_failures, b.opened_at.is_some(), b.probing));
+            let expected = self
+                .groups
+                .get(&group)
+                .map(|m| (m.failures, m.opened_at.is_some(), m.probing));
+            if journaled != expected {
+                return Err(breach(
+                    GuaranteeId::CrashSafety,
+                    format!(
+                        "the journal holds group {group}'s breaker as {journaled:?} (failures, open, probing), but as of the last commit it was {expected:?}"
+                    ),
+                ));
+            }
+            // The recovered instants are on the new clock.
+            if let (Some(model), Some(Some(status))) =
+                (self.groups.get_mut(&group), recovered(&group))
+            {
+                model.opened_at = status.opened_at.map(Timestamp::as_millis);
+            }
+        }
+        Ok(())
     }
 
     /// The group's breaker is closed (a shape change of it, or `resume`).

@@ -22,7 +22,7 @@ use provisioning::spawn::BoxFuture;
 use provisioning::state::PendingOperation;
 use provisioning::{
     ChangeSet, EffectError, EffectKind, EffectOutput, ExecutorResult, IdempotentEffectExecutor,
-    LogicalNodeId, NodeAttemptId, Observation, Operation, OperationId, Timestamp,
+    LogicalNodeId, NodeAttemptId, NodeTemplate, Observation, Operation, OperationId, Timestamp,
 };
 
 use super::Harness;
@@ -338,10 +338,14 @@ impl<S: Substrate> Harness<S> {
             changes.removed.len(),
         );
         if changes.is_empty() {
+            // Nothing to write: the journal already holds what the driver
+            // has, breakers included.
+            self.breaker_watch.committed();
             return Ok(());
         }
         match self.journal.commit(&changes) {
             Ok(()) => {
+                self.breaker_watch.committed();
                 let mut control = self.durable.control.lock();
                 for entry in &changes.upserts {
                     if let Some(pending) = &entry.node.pending {
@@ -455,6 +459,12 @@ impl<S: Substrate> Harness<S> {
             .collect();
         let stored_nodes = stored.nodes.len();
         let stored_generation = stored.meta.desired.generation;
+        let stored_breakers = stored.meta.breakers.clone();
+        let stored_templates: BTreeMap<LogicalNodeId, Arc<NodeTemplate>> = stored
+            .nodes
+            .iter()
+            .map(|e| (e.node.node.clone(), e.template.clone()))
+            .collect();
         let (driver, report) = match (self.recovery)(&self.setup, stored, self.now) {
             Ok(recovered) => recovered,
             Err(RecoveryError::Clock(_)) => {
@@ -525,7 +535,31 @@ impl<S: Substrate> Harness<S> {
             .keys()
             .cloned()
             .collect::<Vec<_>>();
-        self.breaker_watch.lose_track(groups);
+        let driver = &self.driver;
+        let verdict = self.breaker_watch.recovered(
+            &stored_breakers,
+            &|group| driver.breaker_status(group),
+            groups,
+        );
+        self.check(verdict)?;
+        // G26 (template form): every recovered node runs the template its
+        // attempt was journaled with (a node of an older template is
+        // drifted, not up to date).
+        let wrong = self.driver.state().nodes.iter().find(|(id, node)| {
+            stored_templates
+                .get(*id)
+                .is_some_and(|t| **t != *node.spec.template())
+        });
+        if let Some((id, node)) = wrong {
+            return Err(self.violation(breach(
+                GuaranteeId::CrashSafety,
+                format!(
+                    "{id} was recovered with template {:?}, but its attempt was journaled with {:?}",
+                    node.spec.template(),
+                    stored_templates.get(id)
+                ),
+            )));
+        }
         self.driver_counts = super::DriverCounts::default();
         self.full_expected = None;
         // Folds after the last commit die with the controller, and recovery
