@@ -1636,6 +1636,34 @@ pub(crate) fn g05_resubmission_is_deduplicated(
     })
 }
 
+/// G05 (conflict form): an operation submitted again under its id with a
+/// different input (another template, another slot) is refused as a
+/// conflict wherever the executor still recognised the id (the identical
+/// resubmission, `first`, was deduplicated as running or replayed); an id it
+/// already answered as stale may be refused either way. Never accepted.
+pub(crate) fn g05_different_input_is_refused(
+    operation: &provisioning::Operation,
+    first: &Result<provisioning::Submitted, provisioning::driver::SubmitError>,
+    altered: &Result<provisioning::Submitted, provisioning::driver::SubmitError>,
+) -> Verdict {
+    use provisioning::driver::SubmitError;
+    let refused = match first {
+        Err(SubmitError::Stale(_)) => matches!(
+            altered,
+            Err(SubmitError::Stale(_) | SubmitError::ConflictingInput(_))
+        ),
+        _ => matches!(altered, Err(SubmitError::ConflictingInput(id)) if *id == operation.id),
+    };
+    ensure(refused, GuaranteeId::SingleFlight, || {
+        format!(
+            "{} {} for {}, submitted again with a different input, was answered {altered:?} (the identical resubmission: {first:?})",
+            operation.kind(),
+            operation.id,
+            operation.node
+        )
+    })
+}
+
 /// G02 (executor form): what the executor publishes is accounted for: a
 /// result is of an operation handed to this executor, and a result of an
 /// operation the executor expired is its timeout (replayed), never the

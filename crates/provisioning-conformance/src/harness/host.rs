@@ -2,13 +2,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use provisioning::driver::{DriveReport, DriverError, NodeError};
 use provisioning::{
     BootstrapEvent, BreakerPolicy, ClusterState, DesiredUpdate, EffectKind, EffectOutput,
-    EndpointLookup, ExecutorResult, GroupId, Intent, LeaseHandle, LogicalNodeId, ManagedNode,
-    MaxUnavailable, NodeAttemptId, Observation, OperationId, RetryPolicy, SessionHandle, Timestamp,
+    EndpointLookup, ExecutorResult, GroupId, Intent, LeaseHandle, LogicalNodeId, LogicalNodeSpec,
+    ManagedNode, MaxUnavailable, NodeAttemptId, Observation, OperationId, RetryPolicy,
+    SessionHandle, Timestamp,
 };
 
 use super::durable::{Batch, DurableSide};
@@ -424,6 +426,37 @@ impl<S: Substrate> Harness<S> {
         self.vacuity.resubmissions += 1;
         self.check(oracle::g05_resubmission_is_deduplicated(
             &operation, &outcome,
+        ))?;
+        // The same input with its template copied (equal, not shared) is
+        // the same operation; an input that differs under the same id is a
+        // conflict wherever the executor still recognises the id.
+        let template = operation.spec.template().clone();
+        let mut copied = operation.clone();
+        copied.spec = LogicalNodeSpec::new(
+            operation.spec.id().clone(),
+            operation.spec.run_id().clone(),
+            Arc::new(template.clone()),
+        );
+        let again = self.executor.submit(copied);
+        self.check(oracle::g05_resubmission_is_deduplicated(&operation, &again))?;
+        let mut altered = operation.clone();
+        if back % 2 == 0 {
+            let mut other = template;
+            other.role.push_str("-altered");
+            altered.spec = LogicalNodeSpec::new(
+                operation.spec.id().clone(),
+                operation.spec.run_id().clone(),
+                Arc::new(other),
+            );
+        } else {
+            altered.node = LogicalNodeId::new(
+                operation.node.group().clone(),
+                operation.node.index() + 1000,
+            );
+        }
+        let conflict = self.executor.submit(altered);
+        self.check(oracle::g05_different_input_is_refused(
+            &operation, &outcome, &conflict,
         ))
     }
 
