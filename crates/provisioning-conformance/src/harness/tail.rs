@@ -117,6 +117,32 @@ impl<S: Substrate> Harness<S> {
         if let Err(leak) = oracle::g23_converged_leaks_nothing(self.driver.state(), &live) {
             return Err(self.crash_aware(leak.guarantee, leak.detail));
         }
+        if self.strict_calls {
+            // The executor at convergence: no operation runs or waits (every
+            // hang was released and ran), and it keeps nothing of an attempt
+            // it was told to retire.
+            let retired: Vec<String> = self
+                .executor
+                .ledger()
+                .0
+                .iter()
+                .filter(|entry| entry.retired)
+                .map(|entry| entry.attempt.to_string())
+                .collect();
+            let busy = self.executor.has_work();
+            self.check(if retired.is_empty() && !busy {
+                Ok(())
+            } else {
+                Err(breach(
+                    GuaranteeId::ConvergedLeaksNothing,
+                    format!(
+                        "converged, but the executor {}keeps retired attempt(s) [{}]",
+                        if busy { "still has work and " } else { "" },
+                        retired.join(", ")
+                    ),
+                ))
+            })?;
+        }
         let latest = self.model.shape(self.generation);
         self.check(if *self.driver.desired().shape() == latest
             && self.driver.state().observed_generation == Some(latest.generation)
