@@ -402,6 +402,9 @@ impl<S: Substrate> Harness<S> {
                             self.executor_watch.queued_here += 1;
                             self.vacuity.queued_submissions += 1;
                         }
+                        if submitted == provisioning::executor::Submitted::Replayed {
+                            self.executor_watch.replayed_here += 1;
+                        }
                         self.watch_submission(operation);
                         continue;
                     }
@@ -506,6 +509,7 @@ impl<S: Substrate> Harness<S> {
         self.executor_watch.accepted_here.clear();
         self.executor_watch.published_here.clear();
         self.executor_watch.queued_here = 0;
+        self.executor_watch.replayed_here = 0;
         // An acknowledgement folded after the last commit died with the
         // controller: the recovered one may report that convergence again.
         let recovered = driver.state();

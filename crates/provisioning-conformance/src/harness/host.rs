@@ -424,6 +424,7 @@ impl<S: Substrate> Harness<S> {
         let operation = candidates[back as usize % candidates.len()].clone();
         let outcome = self.executor.submit(operation.clone());
         self.vacuity.resubmissions += 1;
+        self.note_replay(&outcome);
         self.check(oracle::g05_resubmission_is_deduplicated(
             &operation, &outcome,
         ))?;
@@ -438,6 +439,7 @@ impl<S: Substrate> Harness<S> {
             Arc::new(template.clone()),
         );
         let again = self.executor.submit(copied);
+        self.note_replay(&again);
         self.check(oracle::g05_resubmission_is_deduplicated(&operation, &again))?;
         let mut altered = operation.clone();
         if back % 2 == 0 {
@@ -455,9 +457,20 @@ impl<S: Substrate> Harness<S> {
             );
         }
         let conflict = self.executor.submit(altered);
+        self.note_replay(&conflict);
         self.check(oracle::g05_different_input_is_refused(
             &operation, &outcome, &conflict,
         ))
+    }
+
+    /// Counts a submission the executor answered by replaying a result.
+    fn note_replay(
+        &mut self,
+        outcome: &Result<provisioning::Submitted, provisioning::driver::SubmitError>,
+    ) {
+        if matches!(outcome, Ok(provisioning::Submitted::Replayed)) {
+            self.executor_watch.replayed_here += 1;
+        }
     }
 
     fn submit_shape(&mut self) -> Result<(), Violation> {
@@ -1345,6 +1358,17 @@ impl<S: Substrate> Harness<S> {
             (counters.expired, self.executor_watch.expired.len()),
             (counters.waited, self.executor_watch.queued_here),
         ))?;
+        self.check(if counters.replayed == self.executor_watch.replayed_here {
+            Ok(())
+        } else {
+            Err(breach(
+                GuaranteeId::RecordBeforeDispatch,
+                format!(
+                    "the executor counts {} replayed results, but the kit saw {} submissions answered by a replay",
+                    counters.replayed, self.executor_watch.replayed_here
+                ),
+            ))
+        })?;
         Ok(())
     }
 

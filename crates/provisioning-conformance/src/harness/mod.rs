@@ -445,6 +445,8 @@ struct ExecutorWatch {
     /// Submissions the live controller's executor answered as queued
     /// behind an older operation of their attempt.
     queued_here: u64,
+    /// Submissions it answered by replaying a kept result.
+    replayed_here: u64,
 }
 
 /// What the kit saw the live driver do, to hold its counters to (G04,
