@@ -2531,7 +2531,7 @@ pub(crate) fn g32_stage_agrees_with_facts(id: &LogicalNodeId, node: &ManagedNode
             ],
         ),
         NodeStage::LeaseRequested => (
-            vec![],
+            vec![(pending_create, "a pending create")],
             vec![
                 (lease, "a lease"),
                 (endpoint, "an endpoint"),

@@ -1228,6 +1228,19 @@ impl<S: Substrate> Harness<S> {
         }
         let after = self.driver.state().nodes.get(id).unwrap_or(before);
         let policy = self.driver.policy();
+        if let FoldCause::Observation(Observation::NodeLost { .. }) = cause
+            && before.intent == Intent::Deleting
+            && after != before
+        {
+            return Err(self.violation(breach(
+                GuaranteeId::CleanupKeepsFacts,
+                format!(
+                    "a loss folded on {id}, which was being torn down, changed it: {} -> {}",
+                    oracle::describe_node(id, before),
+                    oracle::describe_node(id, after)
+                ),
+            )));
+        }
         let verdict = oracle::g32_stage_agrees_with_facts(id, after)
             .and_then(|()| {
                 oracle::g07_facts_leave_only_on_confirmed_absence(id, before, after, cause)
