@@ -1636,6 +1636,30 @@ pub(crate) fn g05_resubmission_is_deduplicated(
     })
 }
 
+/// G05 (record form): the newest operation an executor took for an attempt
+/// is one it still holds, running or with its result kept: submitted again,
+/// it is answered from that record (running, or the result replayed), never
+/// dismissed as stale.
+pub(crate) fn g05_newest_is_answered_from_the_record(
+    operation: &provisioning::Operation,
+    newest: bool,
+    outcome: &Result<provisioning::Submitted, provisioning::driver::SubmitError>,
+) -> Verdict {
+    use provisioning::Submitted;
+    ensure(
+        !newest || matches!(outcome, Ok(Submitted::AlreadyRunning | Submitted::Replayed)),
+        GuaranteeId::SingleFlight,
+        || {
+            format!(
+                "{} {} for {}, the newest operation of its attempt, submitted again, was answered {outcome:?} instead of from the executor's record",
+                operation.kind(),
+                operation.id,
+                operation.node
+            )
+        },
+    )
+}
+
 /// G05 (conflict form): an operation submitted again under its id with a
 /// different input (another template, another slot) is refused as a
 /// conflict wherever the executor still recognised the id (the identical

@@ -422,11 +422,19 @@ impl<S: Substrate> Harness<S> {
             return Ok(());
         }
         let operation = candidates[back as usize % candidates.len()].clone();
+        // The newest operation the live executor took for its attempt: it
+        // still holds it, running or with its result kept.
+        let newest = !watch.recent.iter().any(|op| {
+            op.attempt() == operation.attempt() && op.id.sequence() > operation.id.sequence()
+        });
         let outcome = self.executor.submit(operation.clone());
         self.vacuity.resubmissions += 1;
         self.note_replay(&outcome);
         self.check(oracle::g05_resubmission_is_deduplicated(
             &operation, &outcome,
+        ))?;
+        self.check(oracle::g05_newest_is_answered_from_the_record(
+            &operation, newest, &outcome,
         ))?;
         // The same input with its template copied (equal, not shared) is
         // the same operation; an input that differs under the same id is a
