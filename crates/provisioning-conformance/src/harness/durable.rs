@@ -412,6 +412,30 @@ impl<S: Substrate> Harness<S> {
                         if submitted == provisioning::executor::Submitted::Replayed {
                             self.executor_watch.replayed_here += 1;
                         }
+                        if matches!(
+                            submitted,
+                            provisioning::executor::Submitted::Started
+                                | provisioning::executor::Submitted::Queued
+                        ) {
+                            // Taken and not yet run: the executor has it in
+                            // flight, and says it has work.
+                            let shown = self.executor.in_flight().contains(&operation.id);
+                            if !shown || !self.executor.has_work() {
+                                return Err(self.violation(oracle::breach(
+                                    GuaranteeId::RecordBeforeDispatch,
+                                    format!(
+                                        "the executor took {} {} but {}",
+                                        operation.kind(),
+                                        operation.id,
+                                        if shown {
+                                            "says it has no work"
+                                        } else {
+                                            "does not list it in flight"
+                                        }
+                                    ),
+                                )));
+                            }
+                        }
                         self.watch_submission(operation);
                         continue;
                     }

@@ -1,6 +1,9 @@
 //! The fair-scheduler tail (G21–G24).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
+
+use provisioning::NodeAttemptId;
 
 use super::{FAIR_INNER_MAX, FAIR_ROUNDS_MAX, Harness};
 use crate::guarantee::{GuaranteeId, Phase, Violation};
@@ -121,15 +124,36 @@ impl<S: Substrate> Harness<S> {
             // The executor at convergence: no operation runs or waits (every
             // hang was released and ran), and it keeps nothing of an attempt
             // it was told to retire.
-            let retired: Vec<String> = self
-                .executor
-                .ledger()
-                .0
+            let (ledger, _) = self.executor.ledger();
+            let kept: BTreeSet<NodeAttemptId> = ledger.iter().map(|e| e.attempt).collect();
+            let retired: Vec<String> = ledger
                 .iter()
-                .filter(|entry| entry.retired)
+                .filter(|entry| {
+                    entry.retired || self.executor_watch.retired.contains(&entry.attempt)
+                })
                 .map(|entry| entry.attempt.to_string())
                 .collect();
             let busy = self.executor.has_work();
+            // Without a crash, the executor took every current attempt's
+            // operations and keeps each one's latest result.
+            let missing = if self.durable.crashes == 0 {
+                self.driver
+                    .state()
+                    .nodes
+                    .values()
+                    .map(|n| n.attempt)
+                    .find(|a| !kept.contains(a))
+            } else {
+                None
+            };
+            if let Some(attempt) = missing {
+                return Err(self.violation(breach(
+                    GuaranteeId::ConvergedLeaksNothing,
+                    format!(
+                        "converged, but the executor's ledger has no entry for the current attempt {attempt}"
+                    ),
+                )));
+            }
             self.check(if retired.is_empty() && !busy {
                 Ok(())
             } else {
