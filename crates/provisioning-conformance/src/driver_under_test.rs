@@ -139,6 +139,12 @@ pub trait DriverUnderTest {
         ChangeSet::default()
     }
 
+    /// See [`ClusterDriver::has_changes`]: whether a change set is waiting.
+    /// The default does not say (`None`).
+    fn has_changes(&self) -> Option<bool> {
+        None
+    }
+
     /// See [`ClusterDriver::set_limits`]. The default ignores limits (a
     /// driver without them: the oracle's G29/G30 checks then pass
     /// vacuously, and the battery's limit vacuity counts stay zero).
@@ -311,6 +317,10 @@ impl DriverUnderTest for ClusterDriver {
 
     fn track_changes(&mut self) {
         ClusterDriver::track_changes(self);
+    }
+
+    fn has_changes(&self) -> Option<bool> {
+        Some(ClusterDriver::has_changes(self))
     }
 
     fn take_changes(&mut self, now: Timestamp) -> ChangeSet {

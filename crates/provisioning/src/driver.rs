@@ -1730,11 +1730,12 @@ impl ClusterDriver {
         (std::mem::take(&mut tracker.nodes), meta)
     }
 
-    /// Whether changes are waiting for [`ClusterDriver::take_changes`].
+    /// Whether changes are waiting for [`ClusterDriver::take_changes`]
+    /// (a breaker that changed alone counts: it is part of the meta).
     pub fn has_changes(&self) -> bool {
-        self.changes
-            .as_ref()
-            .is_some_and(|c| c.meta || !c.nodes.is_empty())
+        self.changes.as_ref().is_some_and(|c| {
+            c.meta || !c.nodes.is_empty() || c.written_breakers != self.limit_state.breakers
+        })
     }
 
     fn durable_meta(&self, now: Timestamp) -> DurableMeta {

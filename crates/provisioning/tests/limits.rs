@@ -469,3 +469,31 @@ fn an_open_breaker_is_journaled_and_stays_open_after_recovery() {
     let probe = shifted.saturating_add(Duration::from_secs(300));
     assert_eq!(failing_start(&mut recovered, &mut sink, probe), 1);
 }
+
+/// A breaker closed by `resume` changes nothing but the meta: a host that
+/// asks whether anything changed (to refresh its status) must hear yes, as
+/// the change set it then takes carries the new breakers.
+#[test]
+fn a_resumed_breaker_counts_as_a_change() {
+    let mut d = driver();
+    let g = GroupId::new("g");
+    d.set_limits(Limits {
+        breakers: BTreeMap::from([(g.clone(), BreakerPolicy::new(1, Duration::from_secs(300)))]),
+        ..Limits::default()
+    });
+    d.update_desired(shape(1, vec![group("g", 1, "img")]))
+        .unwrap();
+    d.track_changes();
+    let mut sink = RecordingSink::default();
+    assert_eq!(failing_start(&mut d, &mut sink, at(0)), 1);
+    assert!(d.breaker(&g).is_some_and(|b| b.is_open()));
+    let _ = d.take_changes(at(0));
+    assert!(!d.has_changes(), "everything was taken");
+    assert!(d.reset_breaker(&g));
+    assert!(d.has_changes(), "the closed breaker is a change");
+    let changes = d.take_changes(at(0));
+    assert!(
+        changes.meta.is_some_and(|m| m.breakers.is_empty()),
+        "the meta carries the closed breaker"
+    );
+}

@@ -253,6 +253,8 @@ pub(super) struct DurableSide {
     /// What the last commit wrote: meta, upserts, removals (all zero for
     /// an empty change set).
     pub(super) last_commit: (bool, usize, usize),
+    /// What the driver said before the commit: whether changes waited.
+    pub(super) changes_waiting: Option<bool>,
     /// Create/start operations recovery made ambiguous, by attempt.
     pub(super) recovered_ambiguous: BTreeSet<(NodeAttemptId, EffectKind)>,
     /// The host's orphan suspects: key → first seen unowned.
@@ -274,6 +276,7 @@ impl DurableSide {
             crash_armed: false,
             crashes: 0,
             last_commit: (false, 0, 0),
+            changes_waiting: None,
             recovered_ambiguous: BTreeSet::new(),
             suspects: BTreeMap::new(),
             observed_orphans: BTreeMap::new(),
@@ -365,9 +368,13 @@ impl<S: Substrate> Harness<S> {
     /// order; an armed crash fires between the two steps.
     pub(super) fn hand_out(&mut self, batch: Batch) -> Result<(), Violation> {
         let crash_now = self.durable.crash_armed && !batch.operations.is_empty();
+        // A host that only asks whether to write (and skips the write
+        // otherwise) must get the same answer as one that takes the changes.
+        self.durable.changes_waiting = self.driver.has_changes();
         match self.options.host.order {
             HostOrder::CommitThenSubmit => {
                 let committed = self.commit();
+                self.check_changes_waiting()?;
                 if crash_now {
                     return self.crash_mid_wake();
                 }
@@ -380,9 +387,31 @@ impl<S: Substrate> Harness<S> {
                 }
                 // Too late to hold anything back if it fails.
                 let _ = self.commit();
+                self.check_changes_waiting()?;
                 Ok(())
             }
         }
+    }
+
+    /// G19 (change form): what the driver said was waiting before the
+    /// commit agrees with what the commit found.
+    fn check_changes_waiting(&mut self) -> Result<(), Violation> {
+        let Some(waiting) = self.durable.changes_waiting.take() else {
+            return Ok(());
+        };
+        let written = self.durable.last_commit != (false, 0, 0);
+        self.check(if waiting == written {
+            Ok(())
+        } else {
+            Err(oracle::breach(
+                GuaranteeId::Quiescence,
+                format!(
+                    "the driver said changes were {}waiting, but the change set it gave was {}empty",
+                    if waiting { "" } else { "not " },
+                    if written { "not " } else { "" }
+                ),
+            ))
+        })
     }
 
     fn submit_batch(
