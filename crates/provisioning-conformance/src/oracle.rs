@@ -2151,6 +2151,27 @@ impl DesiredSlots {
     }
 }
 
+/// Whether `node` is ready, by the kit's own reading of its facts: active,
+/// marked ready, in a stage past the handoff.
+pub(crate) fn kit_ready(node: &ManagedNode) -> bool {
+    node.record.ready
+        && node.intent == Intent::Active
+        && matches!(node.record.stage, NodeStage::HandedOff | NodeStage::Dormant)
+}
+
+/// How many nodes of `state` have a create pending.
+pub(crate) fn creates_pending(state: &ClusterState) -> usize {
+    state
+        .nodes
+        .values()
+        .filter(|n| {
+            n.pending
+                .as_ref()
+                .is_some_and(|p| p.kind == EffectKind::CreateLease)
+        })
+        .count()
+}
+
 /// What a pass found of each node: its pending operation, attempt, intent
 /// and template.
 pub(crate) type PassBefore = BTreeMap<
@@ -2170,9 +2191,7 @@ pub(crate) fn pass_before(state: &ClusterState) -> PassBefore {
         .nodes
         .iter()
         .map(|(id, node)| {
-            let ready = node.record.ready
-                && node.intent == Intent::Active
-                && matches!(node.record.stage, NodeStage::HandedOff | NodeStage::Dormant);
+            let ready = kit_ready(node);
             (
                 id.clone(),
                 (
@@ -2300,15 +2319,7 @@ pub(crate) fn g19_pass_did_what_it_planned(
             },
         )?;
     }
-    let creates_pending = after
-        .nodes
-        .values()
-        .filter(|n| {
-            n.pending
-                .as_ref()
-                .is_some_and(|p| p.kind == EffectKind::CreateLease)
-        })
-        .count() as u64;
+    let creates_pending = creates_pending(after) as u64;
     let mut held = Held::default();
     let mut took = Taken::default();
     for (id, decision) in &planned.decisions {
@@ -2422,13 +2433,7 @@ fn unready_desired(state: &ClusterState, slots: &DesiredSlots, group: &GroupId) 
     let ready = state
         .nodes
         .iter()
-        .filter(|(id, node)| {
-            id.group() == group
-                && id.index() < count
-                && node.record.ready
-                && node.intent == Intent::Active
-                && matches!(node.record.stage, NodeStage::HandedOff | NodeStage::Dormant)
-        })
+        .filter(|(id, node)| id.group() == group && id.index() < count && kit_ready(node))
         .count() as u32;
     count.saturating_sub(ready)
 }

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use provisioning::limits::BreakerStatus;
-use provisioning::{ClusterState, GroupId, Intent, Limits, ManagedNode, NodeStage, Timestamp};
+use provisioning::{ClusterState, GroupId, Limits, ManagedNode, NodeStage, Timestamp};
 
 use crate::guarantee::GuaranteeId;
 use crate::oracle::{Verdict, breach};
@@ -56,9 +56,7 @@ fn failed(node: &ManagedNode) -> bool {
 }
 
 fn ready(node: &ManagedNode) -> bool {
-    node.record.ready
-        && node.intent == Intent::Active
-        && matches!(node.record.stage, NodeStage::HandedOff | NodeStage::Dormant)
+    crate::oracle::kit_ready(node)
 }
 
 impl BreakerWatch {

@@ -949,16 +949,7 @@ impl<S: Substrate> Harness<S> {
                 dispatches
                     .iter()
                     .any(|d| d.pending.kind == EffectKind::CreateLease)
-                    && post
-                        .nodes
-                        .values()
-                        .filter(|n| {
-                            n.pending
-                                .as_ref()
-                                .is_some_and(|p| p.kind == EffectKind::CreateLease)
-                        })
-                        .count()
-                        >= cap as usize
+                    && oracle::creates_pending(post) >= cap as usize
             })
         {
             self.vacuity.cap_reached += 1;
