@@ -7,12 +7,15 @@
 //! that the oracle names the broken guarantee. It is equally usable for an
 //! alternative driver implementation that claims the same contract.
 
+use std::collections::BTreeSet;
+
 use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink, PassReport};
 use provisioning::limits::{BreakerStatus, LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
-    ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult, GroupId,
-    LogicalNodeId, NodeDecision, NodeHistory, Observation, OperationId, RetryPolicy, Timestamp,
+    ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, DurableState,
+    ExecutorResult, GroupId, LogicalNodeId, NodeDecision, NodeHistory, Observation, OperationId,
+    RetryPolicy, Timestamp,
 };
 
 /// What one pass planned before it was applied, as
@@ -142,6 +145,27 @@ pub trait DriverUnderTest {
     /// See [`ClusterDriver::has_changes`]: whether a change set is waiting.
     /// The default does not say (`None`).
     fn has_changes(&self) -> Option<bool> {
+        None
+    }
+
+    /// See [`ClusterDriver::take_changed_nodes`]: the changes taken as the
+    /// ids of the nodes that changed and whether anything else did. The
+    /// default does not offer it (`None`; the harness then takes change
+    /// sets only).
+    fn take_changed_nodes(&mut self) -> Option<(BTreeSet<LogicalNodeId>, bool)> {
+        None
+    }
+
+    /// See [`ClusterDriver::discard_changes`]: forgets the waiting changes.
+    /// Returns whether the driver offers it (the default does not).
+    fn discard_changes(&mut self) -> bool {
+        false
+    }
+
+    /// See [`ClusterDriver::durable_state`]: the whole state as a journal
+    /// would hold it. The default does not offer it (`None`).
+    fn durable_state(&self, now: Timestamp) -> Option<DurableState> {
+        let _ = now;
         None
     }
 
@@ -321,6 +345,19 @@ impl DriverUnderTest for ClusterDriver {
 
     fn has_changes(&self) -> Option<bool> {
         Some(ClusterDriver::has_changes(self))
+    }
+
+    fn take_changed_nodes(&mut self) -> Option<(BTreeSet<LogicalNodeId>, bool)> {
+        Some(ClusterDriver::take_changed_nodes(self))
+    }
+
+    fn discard_changes(&mut self) -> bool {
+        ClusterDriver::discard_changes(self);
+        true
+    }
+
+    fn durable_state(&self, now: Timestamp) -> Option<DurableState> {
+        Some(ClusterDriver::durable_state(self, now))
     }
 
     fn take_changes(&mut self, now: Timestamp) -> ChangeSet {

@@ -784,6 +784,38 @@ pub(crate) fn g32_history_agrees_with_nodes<'a>(
     Ok(())
 }
 
+/// G32 (teardown form): the history entry where a teardown of a healthy
+/// attempt began says why, as the kit's own shape has it: a slot no longer
+/// desired was scaled down, a slot desired with another template drifted,
+/// and neither is claimed otherwise. `desired_same`: `None` when the slot
+/// is not desired, else whether its desired template is the node's.
+pub(crate) fn g32_teardown_names_its_cause(
+    id: &LogicalNodeId,
+    entry: &provisioning::Transition,
+    desired_same: Option<bool>,
+) -> Verdict {
+    let said = entry.reason.as_deref().unwrap_or("");
+    let says_scale = said.contains("scaled down");
+    let says_drift = said.contains("drift");
+    let (agrees, why) = match desired_same {
+        None => (says_scale && !says_drift, "its slot is no longer desired"),
+        Some(false) => (
+            says_drift && !says_scale,
+            "its slot is desired with another template (drift)",
+        ),
+        Some(true) => (
+            !says_scale && !says_drift,
+            "its slot is desired with its own template",
+        ),
+    };
+    ensure(agrees, GuaranteeId::StageCoherence, || {
+        format!(
+            "{id}'s teardown of {} began with the reason {:?}, but {why}",
+            entry.attempt, entry.reason
+        )
+    })
+}
+
 // ---------------------------------------------------------------------------
 // Fold checks: `before` and `after` are one node around one fold.
 // ---------------------------------------------------------------------------
@@ -1796,6 +1828,72 @@ pub(crate) fn owned(state: &ClusterState, key: &ResourceKey) -> bool {
         .nodes
         .get(&key.0)
         .is_some_and(|n| n.attempt == key.1 && n.record.stage != NodeStage::Destroyed)
+}
+
+/// G26 (clock form): a change set that writes anything carries the meta
+/// with the writer's clock. Recovery reads every stored instant against
+/// the meta's clock; a meta left from an older write would make a backoff
+/// or a breaker's cool-down written since come back late by all the time in
+/// between.
+pub(crate) fn g26_write_carries_the_clock(
+    changes: &provisioning::ChangeSet,
+    now: Timestamp,
+) -> Verdict {
+    let written_at = changes.meta.as_ref().map(|m| m.written_at);
+    ensure(
+        changes.is_empty() || written_at == Some(now),
+        GuaranteeId::CrashSafety,
+        || match written_at {
+            None => format!(
+                "a change set writes {} node(s) and {} removal(s) at {now:?} without the meta, so the journal keeps an older clock for instants written now",
+                changes.upserts.len(),
+                changes.removed.len()
+            ),
+            Some(at) => format!("a change set written at {now:?} carries the clock {at:?}"),
+        },
+    )
+}
+
+/// G26 (commit form): the journal, as the kit applied every committed
+/// change set to what it held, equals the driver's durable state right after
+/// a commit (the meta compared without its writer's clock). A node missing,
+/// stale or not removed, or a meta not written when it changed, would come
+/// back wrong after a crash.
+pub(crate) fn g26_journal_holds_durable_state(
+    journal: &provisioning::DurableState,
+    driver: &provisioning::DurableState,
+) -> Verdict {
+    let mut meta = journal.meta.clone();
+    meta.written_at = driver.meta.written_at;
+    let problem = if meta != driver.meta {
+        Some(format!(
+            "its meta is {meta:?}, but the driver's is {:?}",
+            driver.meta
+        ))
+    } else {
+        let held: BTreeMap<&LogicalNodeId, &provisioning::DurableEntry> =
+            journal.nodes.iter().map(|e| (&e.node.node, e)).collect();
+        let has: BTreeMap<&LogicalNodeId, &provisioning::DurableEntry> =
+            driver.nodes.iter().map(|e| (&e.node.node, e)).collect();
+        held.keys()
+            .chain(has.keys())
+            .find(|id| held.get(*id) != has.get(*id))
+            .map(|id| match (held.get(id), has.get(id)) {
+                (Some(_), None) => format!("it still holds {id}, which the driver no longer has"),
+                (None, Some(_)) => format!("it lacks {id}, which the driver has"),
+                (old, new) => format!(
+                    "it holds {id} as {:?}, but the driver has {:?}",
+                    old.map(|e| &e.node),
+                    new.map(|e| &e.node)
+                ),
+            })
+    };
+    ensure(problem.is_none(), GuaranteeId::CrashSafety, || {
+        format!(
+            "after a commit the journal differs from the driver's durable state: {}",
+            problem.unwrap_or_default()
+        )
+    })
 }
 
 /// G26 (recovery form): every operation the journal held pending is no

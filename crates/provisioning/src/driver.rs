@@ -1689,7 +1689,13 @@ impl ClusterDriver {
             tracker.written_breakers = self.limit_state.breakers.clone();
         }
         let nodes = std::mem::take(&mut tracker.nodes);
-        let meta = std::mem::replace(&mut tracker.meta, false) || breakers_changed;
+        // The meta goes with every write, so that its clock is the clock of
+        // the latest instants written: recovery reads every stored instant
+        // against it. A meta written only when it changed would keep an old
+        // clock, and a node's backoff written since would come back late by
+        // all the time in between.
+        let meta =
+            std::mem::replace(&mut tracker.meta, false) || breakers_changed || !nodes.is_empty();
         let mut changes = ChangeView {
             meta: meta.then(|| std::borrow::Cow::Owned(self.durable_meta(now))),
             ..ChangeView::default()
@@ -1710,6 +1716,11 @@ impl ClusterDriver {
         if let Some(tracker) = self.changes.as_mut() {
             tracker.nodes.clear();
             tracker.meta = false;
+            // The breakers as they are now count as written too, or
+            // `has_changes` would go on saying a breaker change waits.
+            if tracker.written_breakers != self.limit_state.breakers {
+                tracker.written_breakers = self.limit_state.breakers.clone();
+            }
         }
     }
 
@@ -1849,8 +1860,13 @@ impl ClusterDriver {
         }
         driver.limit_state.breakers = breakers;
         driver.track_changes();
-        if let Some(changes) = &mut driver.changes {
-            // Only what recovery itself changes needs writing again.
+        if shift.is_zero()
+            && let Some(changes) = &mut driver.changes
+        {
+            // The stored instants are on this clock already: only what
+            // recovery itself changes needs writing again. On any other
+            // clock everything is written again, moved: a meta written later
+            // with this clock must not be read against instants of the old.
             changes.nodes.clear();
             changes.meta = report.allocator_raised;
             changes.written_breakers = driver.limit_state.breakers.clone();

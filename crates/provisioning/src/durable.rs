@@ -89,7 +89,9 @@ pub struct DurableEntry {
 /// What changed since the last change set.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChangeSet {
-    /// The meta, when any part of it changed.
+    /// The meta, whenever anything is written: it carries the writer's
+    /// clock ([`DurableMeta::written_at`]), which every stored instant is
+    /// read against at recovery.
     pub meta: Option<DurableMeta>,
     /// Nodes that were inserted or changed, in slot order.
     pub upserts: Vec<DurableEntry>,
@@ -169,7 +171,7 @@ pub struct DurableEntryRef<'a> {
 /// without copying every changed node first.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChangeView<'a> {
-    /// The meta, when any part of it changed.
+    /// The meta, whenever anything is written (see [`ChangeSet::meta`]).
     pub meta: Option<std::borrow::Cow<'a, DurableMeta>>,
     /// Nodes that were inserted or changed, in slot order.
     pub upserts: Vec<DurableEntryRef<'a>>,
@@ -314,6 +316,11 @@ pub(crate) enum Shift {
 }
 
 impl Shift {
+    /// Whether the clock does not move.
+    pub(crate) fn is_zero(self) -> bool {
+        matches!(self, Shift::Later(by) | Shift::Earlier(by) if by.is_zero())
+    }
+
     pub(crate) fn between(written_at: Timestamp, now: Timestamp) -> Shift {
         if now.reached(written_at) {
             Shift::Later(now.saturating_duration_since(written_at))

@@ -64,7 +64,11 @@ fn a_change_set_holds_only_the_nodes_that_changed_since_the_last_one() {
         .map(|e| e.node.node.to_string())
         .collect();
     assert_eq!(ids, vec!["g-1"]);
-    assert!(changes.meta.is_none(), "no meta change from a result");
+    assert_eq!(
+        changes.meta.map(|m| m.written_at),
+        Some(now),
+        "every write carries the meta with the writer's clock"
+    );
 
     let lookup = drive(&mut d, &mut sink, now);
     assert_eq!(lookup.len(), 1);
@@ -243,6 +247,75 @@ fn stored_deadlines_keep_the_time_they_had_left_on_the_new_clock() {
         r.state().nodes[&node("g-0")].retry.next_effect_at,
         Some(at(500))
     );
+}
+
+/// Found by the kit's commit check (G26): the meta, and with it the
+/// writer's clock, used to be written only when it changed. A backoff
+/// written an hour later was then read against the clock of an hour before,
+/// and came back an hour late after a restart.
+#[test]
+fn a_backoff_written_long_after_the_meta_comes_back_on_time() {
+    let mut d = tracked(vec![group("g", 1, "img:1")]);
+    let mut sink = RecordingSink::default();
+    let mut journal = Journal(None);
+    let create = drive(&mut d, &mut sink, at(0)).remove(0);
+    journal.commit(&mut d, at(0));
+    let hour = 3_600_000;
+    d.apply_executor_result(
+        &reply(&create, Err(EffectError::definite("quota"))),
+        at(hour),
+    )
+    .unwrap();
+    journal.commit(&mut d, at(hour));
+    assert_eq!(
+        d.state().nodes[&node("g-0")].retry.next_effect_at,
+        Some(at(hour + 1_000))
+    );
+    // The controller dies at once; the new one's clock starts at 0.
+    let (r, _) =
+        ClusterDriver::recover(&run(), journal.state(), RetryPolicy::default(), at(0)).unwrap();
+    assert_eq!(
+        r.state().nodes[&node("g-0")].retry.next_effect_at,
+        Some(at(1_000)),
+        "one second left, as when it was written"
+    );
+}
+
+/// Recovery on another clock moves every stored instant; the journal still
+/// holds them on the old one. If only the meta were written again (with the
+/// new clock), a second recovery would read the old instants against it.
+/// So the first change set after such a recovery writes every node again.
+#[test]
+fn after_recovery_on_a_new_clock_the_first_write_moves_every_node_to_it() {
+    let mut d = tracked(vec![group("g", 2, "img:1")]);
+    let mut sink = RecordingSink::default();
+    let mut journal = Journal(None);
+    let creates = drive(&mut d, &mut sink, at(50_000));
+    for create in &creates {
+        d.apply_executor_result(
+            &reply(create, Err(EffectError::definite("quota"))),
+            at(50_000),
+        )
+        .unwrap();
+    }
+    journal.commit(&mut d, at(50_000));
+    let (mut r, _) =
+        ClusterDriver::recover(&run(), journal.state(), RetryPolicy::default(), at(0)).unwrap();
+    let first = journal.commit(&mut r, at(0));
+    assert_eq!(
+        first.upserts.len(),
+        2,
+        "every node written on the new clock"
+    );
+    // A second crash at once: the backoffs still have their second left.
+    let (again, _) =
+        ClusterDriver::recover(&run(), journal.state(), RetryPolicy::default(), at(0)).unwrap();
+    for id in ["g-0", "g-1"] {
+        assert_eq!(
+            again.state().nodes[&node(id)].retry.next_effect_at,
+            Some(at(1_000))
+        );
+    }
 }
 
 #[test]

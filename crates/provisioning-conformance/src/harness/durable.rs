@@ -21,8 +21,9 @@ use provisioning::observe::LossCause;
 use provisioning::spawn::BoxFuture;
 use provisioning::state::PendingOperation;
 use provisioning::{
-    ChangeSet, EffectError, EffectKind, EffectOutput, ExecutorResult, IdempotentEffectExecutor,
-    LogicalNodeId, NodeAttemptId, NodeTemplate, Observation, Operation, OperationId, Timestamp,
+    ChangeSet, DurableState, EffectError, EffectKind, EffectOutput, ExecutorResult,
+    IdempotentEffectExecutor, LogicalNodeId, NodeAttemptId, NodeTemplate, Observation, Operation,
+    OperationId, Timestamp,
 };
 
 use super::Harness;
@@ -267,6 +268,15 @@ pub(super) struct DurableSide {
     pub(super) faults_stopped_at: Option<Timestamp>,
     /// Late results the executors of dead controllers dropped.
     pub(super) late_dropped_before: u64,
+    /// Commits attempted (successful or not): which of the three ways the
+    /// next one takes the driver's changes.
+    pub(super) commits: u64,
+    /// What the journal holds, as the kit applied every committed change set
+    /// itself (`None` before the first commit of a controller whose
+    /// journal the kit has not read).
+    pub(super) replica: Option<DurableState>,
+    /// A breach found while committing, reported right after the commit.
+    pub(super) commit_breach: Option<oracle::Breach>,
 }
 
 impl DurableSide {
@@ -283,6 +293,9 @@ impl DurableSide {
             next_scan_at: now.saturating_add(options.orphan_scan_interval),
             faults_stopped_at: None,
             late_dropped_before: 0,
+            commits: 0,
+            replica: None,
+            commit_breach: None,
         }
     }
 
@@ -333,8 +346,22 @@ impl<S: Substrate> Harness<S> {
 
     /// Commits the driver's changes since the last commit. On failure the
     /// driver tracks everything again, so the next commit rewrites it all.
+    ///
+    /// The changes are taken in turn the three ways a host may take them:
+    /// as a change set; as the ids of the changed nodes and whether anything
+    /// else changed, the host reading those nodes and the meta itself; and
+    /// by asking only *whether* something changed, writing the whole state
+    /// then and discarding the changes. All three must keep the journal
+    /// equal to the driver's durable state (G26, commit form).
     fn commit(&mut self) -> Result<(), String> {
-        let changes: ChangeSet = self.driver.take_changes(self.now);
+        let way = self.durable.commits % 3;
+        self.durable.commits += 1;
+        let changes = match way {
+            1 => self.changes_from_ids(),
+            2 => self.changes_as_snapshot(),
+            _ => None,
+        }
+        .unwrap_or_else(|| self.driver.take_changes(self.now));
         self.durable.last_commit = (
             changes.meta.is_some(),
             changes.upserts.len(),
@@ -344,7 +371,12 @@ impl<S: Substrate> Harness<S> {
             // Nothing to write: the journal already holds what the driver
             // has, breakers included.
             self.breaker_watch.committed();
+            self.check_replica();
             return Ok(());
+        }
+        if self.durable.commit_breach.is_none() {
+            self.durable.commit_breach =
+                oracle::g26_write_carries_the_clock(&changes, self.now).err();
         }
         match self.journal.commit(&changes) {
             Ok(()) => {
@@ -355,6 +387,20 @@ impl<S: Substrate> Harness<S> {
                         control.committed.insert(pending.id);
                     }
                 }
+                drop(control);
+                match (&mut self.durable.replica, &changes.meta) {
+                    (Some(replica), _) => replica.apply(&changes),
+                    (None, Some(meta)) => {
+                        let mut fresh = DurableState {
+                            meta: meta.clone(),
+                            nodes: Vec::new(),
+                        };
+                        fresh.apply(&changes);
+                        self.durable.replica = Some(fresh);
+                    }
+                    (None, None) => {}
+                }
+                self.check_replica();
                 Ok(())
             }
             Err(error) => {
@@ -362,6 +408,82 @@ impl<S: Substrate> Harness<S> {
                 Err(error)
             }
         }
+    }
+
+    /// The changes as a host that keeps its own view takes them: the ids of
+    /// the nodes that changed, and whether anything else did, read from
+    /// the driver's durable state. `None` when the driver does not offer it.
+    fn changes_from_ids(&mut self) -> Option<ChangeSet> {
+        let whole = self.driver.durable_state(self.now)?;
+        let (ids, meta) = self.driver.take_changed_nodes()?;
+        // A journaling host writes the meta with every write: it carries the
+        // clock the written instants are read against.
+        let mut changes = ChangeSet {
+            meta: (meta || !ids.is_empty()).then(|| whole.meta.clone()),
+            ..ChangeSet::default()
+        };
+        let by_id: BTreeMap<&LogicalNodeId, &provisioning::DurableEntry> =
+            whole.nodes.iter().map(|e| (&e.node.node, e)).collect();
+        for id in ids {
+            match by_id.get(&id) {
+                Some(entry) => changes.upserts.push((*entry).clone()),
+                None => changes.removed.push(id),
+            }
+        }
+        Some(changes)
+    }
+
+    /// The changes as a host that only asks whether something changed takes
+    /// them: then the whole state (and the removal of every node the
+    /// journal holds that the driver no longer has), the changes discarded.
+    /// Afterwards the driver must say nothing is waiting. `None` when the
+    /// driver does not offer it.
+    fn changes_as_snapshot(&mut self) -> Option<ChangeSet> {
+        let waiting = self.driver.has_changes()?;
+        let whole = self.driver.durable_state(self.now)?;
+        if !waiting {
+            return Some(ChangeSet::default());
+        }
+        if !self.driver.discard_changes() {
+            return None;
+        }
+        if self.driver.has_changes() != Some(false) {
+            self.durable.commit_breach = Some(breach(
+                GuaranteeId::CrashSafety,
+                "the driver's changes were discarded, but it still says changes are waiting"
+                    .to_owned(),
+            ));
+        }
+        let kept: BTreeSet<&LogicalNodeId> = whole.nodes.iter().map(|e| &e.node.node).collect();
+        let removed = self
+            .durable
+            .replica
+            .iter()
+            .flat_map(|r| r.nodes.iter().map(|e| &e.node.node))
+            .filter(|id| !kept.contains(id))
+            .cloned()
+            .collect();
+        Some(ChangeSet {
+            meta: Some(whole.meta),
+            upserts: whole.nodes,
+            removed,
+        })
+    }
+
+    /// G26 (commit form): after a commit, the journal as the kit applied
+    /// the change sets holds the driver's durable state — every node that
+    /// changed was written, every node that left was removed, and the meta
+    /// (shape, allocator, breakers) was written whenever it changed.
+    fn check_replica(&mut self) {
+        if self.durable.commit_breach.is_some() {
+            return;
+        }
+        let (Some(replica), Some(whole)) =
+            (&self.durable.replica, self.driver.durable_state(self.now))
+        else {
+            return;
+        };
+        self.durable.commit_breach = oracle::g26_journal_holds_durable_state(replica, &whole).err();
     }
 
     /// Makes a drive durable and hands its operations out, in the host's
@@ -396,6 +518,9 @@ impl<S: Substrate> Harness<S> {
     /// G19 (change form): what the driver said was waiting before the
     /// commit agrees with what the commit found.
     fn check_changes_waiting(&mut self) -> Result<(), Violation> {
+        if let Some(found) = self.durable.commit_breach.take() {
+            return Err(self.violation(found));
+        }
         let Some(waiting) = self.durable.changes_waiting.take() else {
             return Ok(());
         };
@@ -528,6 +653,9 @@ impl<S: Substrate> Harness<S> {
             .iter()
             .map(|e| (e.node.node.clone(), e.template.clone()))
             .collect();
+        // The journal holds what was committed: the kit's replica of it
+        // starts again from what it gave back.
+        self.durable.replica = Some(stored.clone());
         let (driver, report) = match (self.recovery)(&self.setup, stored, self.now) {
             Ok(recovered) => recovered,
             Err(RecoveryError::Clock(_)) => {

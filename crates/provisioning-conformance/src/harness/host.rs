@@ -1422,6 +1422,39 @@ impl<S: Substrate> Harness<S> {
             self.now,
         );
         self.check(verdict)?;
+        // G32 (teardown form): a teardown's entry says why it began, judged
+        // when the kit first sees it (against the shape that began it).
+        for (id, node) in &state.nodes {
+            if node.intent != Intent::Deleting
+                || self.history_watch.teardowns_judged.contains(&node.attempt)
+            {
+                continue;
+            }
+            let Some(history) = driver.history(id) else {
+                continue;
+            };
+            // The entry where the teardown began: deleting, after one that
+            // was not (a recovered node's teardown began before the crash,
+            // and histories are not journaled).
+            let entries: Vec<&provisioning::Transition> = history.entries().collect();
+            let Some(entry) = entries.windows(2).find_map(|pair| {
+                let (before, entry) = (pair[0], pair[1]);
+                (!before.deleting
+                    && entry.deleting
+                    && entry.attempt == node.attempt
+                    && entry.stage != provisioning::NodeStage::Failed)
+                    .then_some(entry)
+            }) else {
+                continue;
+            };
+            self.history_watch.teardowns_judged.insert(node.attempt);
+            let desired = self.slots.template(id);
+            self.check(oracle::g32_teardown_names_its_cause(
+                id,
+                entry,
+                desired.map(|t| t == node.spec.template()),
+            ))?;
+        }
         self.history_watch.seen = self.driver.state().nodes.keys().cloned().collect();
         Ok(())
     }

@@ -495,6 +495,8 @@ struct HistoryWatch {
     at_start: BTreeMap<LogicalNodeId, oracle::Condition>,
     /// The nodes present at the last check.
     seen: BTreeSet<LogicalNodeId>,
+    /// Attempts whose teardown entry was judged (when it first appeared).
+    teardowns_judged: BTreeSet<NodeAttemptId>,
 }
 
 impl HistoryWatch {
@@ -513,6 +515,7 @@ impl HistoryWatch {
                 .map(|(id, node)| (id.clone(), oracle::condition(node)))
                 .collect(),
             seen: state.nodes.keys().cloned().collect(),
+            teardowns_judged: BTreeSet::new(),
         }
     }
 }
