@@ -447,17 +447,19 @@ pub(crate) fn g26_recovery_reports_what_it_recovered(
     report: &provisioning::durable::RecoveryReport,
     stored_nodes: usize,
     stored_pending: usize,
+    streaming: usize,
     stored_generation: provisioning::Generation,
 ) -> Verdict {
     ensure(
         report.nodes == stored_nodes
             && report.pending_made_ambiguous == stored_pending
+            && report.sessions_restarted == streaming
             && report.generation == stored_generation
             && !report.allocator_raised,
         GuaranteeId::CrashSafety,
         || {
             format!(
-                "recovery reported {report:?}, but the journal held {stored_nodes} nodes, {stored_pending} pending operations and generation {stored_generation:?}, written by a correct writer"
+                "recovery reported {report:?}, but the journal held {stored_nodes} nodes, {stored_pending} pending operations, {streaming} sessions streaming before their handoff and generation {stored_generation:?}, written by a correct writer"
             )
         },
     )
@@ -782,6 +784,42 @@ pub(crate) fn g32_history_agrees_with_nodes<'a>(
         }
     }
     Ok(())
+}
+
+/// G32 (loss form): a loss that fails a node gives it a reason naming what
+/// was lost, in the kit's own words for each cause (the agent, the lease,
+/// the workload): what an operator reads in `status` and the history.
+pub(crate) fn g32_loss_names_what_was_lost(
+    id: &LogicalNodeId,
+    before: &ManagedNode,
+    after: &ManagedNode,
+    cause: &FoldCause<'_>,
+) -> Verdict {
+    let FoldCause::Observation(Observation::NodeLost { cause: lost, .. }) = cause else {
+        return Ok(());
+    };
+    if before.record.failure.is_some() {
+        return Ok(());
+    }
+    let Some(failure) = &after.record.failure else {
+        return Ok(());
+    };
+    let word = match lost {
+        provisioning::LossCause::AgentGone => "agent",
+        provisioning::LossCause::LeaseGone => "lease",
+        provisioning::LossCause::WorkloadExited => "workload",
+    };
+    ensure(
+        failure.reason.contains(word),
+        GuaranteeId::StageCoherence,
+        || {
+            format!(
+                "{} failed on a loss of its {word}, but its reason is {:?}",
+                label(id, after),
+                failure.reason
+            )
+        },
+    )
 }
 
 /// G32 (teardown form): the history entry where a teardown of a healthy

@@ -653,6 +653,27 @@ impl<S: Substrate> Harness<S> {
             .iter()
             .map(|e| (e.node.node.clone(), e.template.clone()))
             .collect();
+        // Sessions that streamed to the dead controller and had not handed
+        // off: recovery must start them again (and say how many it did).
+        let streaming: Vec<LogicalNodeId> = stored
+            .nodes
+            .iter()
+            .filter(|e| {
+                let record = &e.node.record;
+                record.failure.is_none()
+                    && record
+                        .bootstrap
+                        .as_ref()
+                        .is_some_and(|b| b.state == provisioning::state::SessionState::Active)
+                    && !matches!(
+                        record.stage,
+                        provisioning::NodeStage::HandedOff
+                            | provisioning::NodeStage::Dormant
+                            | provisioning::NodeStage::Destroyed
+                    )
+            })
+            .map(|e| e.node.node.clone())
+            .collect();
         // The journal holds what was committed: the kit's replica of it
         // starts again from what it gave back.
         self.durable.replica = Some(stored.clone());
@@ -769,10 +790,21 @@ impl<S: Substrate> Harness<S> {
             self.driver.state(),
             &pending,
         ))?;
+        let restarted = streaming
+            .iter()
+            .filter(|id| {
+                self.driver
+                    .state()
+                    .nodes
+                    .get(*id)
+                    .is_some_and(|n| n.record.failure.is_none())
+            })
+            .count();
         self.check(oracle::g26_recovery_reports_what_it_recovered(
             &report,
             stored_nodes,
             pending.len(),
+            restarted,
             stored_generation,
         ))?;
         self.durable.recovered_ambiguous = pending

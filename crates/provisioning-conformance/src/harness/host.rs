@@ -1241,6 +1241,7 @@ impl<S: Substrate> Harness<S> {
             )));
         }
         let verdict = oracle::g32_stage_agrees_with_facts(id, after)
+            .and_then(|()| oracle::g32_loss_names_what_was_lost(id, before, after, cause))
             .and_then(|()| {
                 oracle::g07_facts_leave_only_on_confirmed_absence(id, before, after, cause)
             })
