@@ -95,6 +95,9 @@ const LATE_KINDS: [InputKind; 4] = [
 /// Seeds in a thousand that draw the operator's `resume` input.
 const OPERATOR_INPUTS_PER_MILLE: u32 = 250;
 
+/// Seeds in a thousand whose operator limits change eight times as often.
+const LIMIT_HEAVY_PER_MILLE: u32 = 200;
+
 /// The executor-level input kinds, drawn for some seeds only.
 const EXECUTOR_KINDS: [InputKind; 2] = [InputKind::Resubmit, InputKind::Confuse];
 
@@ -162,6 +165,15 @@ impl SwarmWeights {
         let mut operator_rng = rng.fork();
         if operator_rng.chance(OPERATOR_INPUTS_PER_MILLE) {
             kinds[InputKind::Resume as usize] = draw_kind(&mut operator_rng, InputKind::Resume);
+        }
+        // Limit-heavy seeds, added after `resume` (drawn from their own
+        // fork, the other seeds keep their traces): operator limits change
+        // often enough that breakers open, probe and hold slots back while
+        // their probe is out.
+        let mut limits_rng = rng.fork();
+        if limits_rng.chance(LIMIT_HEAVY_PER_MILLE) {
+            kinds[InputKind::Limit as usize] =
+                base_weight(InputKind::Limit) * 8 * limits_rng.between(1, 3) as u32;
         }
         SwarmWeights {
             kinds,

@@ -161,6 +161,24 @@ impl BreakerWatch {
         self.open(group).unwrap_or(true)
     }
 
+    /// The cool-down of `group`'s breaker, in milliseconds, when the kit's
+    /// model has it open with its probe out after the cool-down at `now`.
+    pub(super) fn probe_out(
+        &self,
+        group: &GroupId,
+        limits: &Limits,
+        now: Timestamp,
+    ) -> Option<u64> {
+        if self.unknown.contains(group) {
+            return None;
+        }
+        let model = self.groups.get(group)?;
+        let policy = limits.breakers.get(group)?;
+        let cooldown = u64::try_from(policy.cooldown.as_millis()).unwrap_or(u64::MAX);
+        let probe_at = model.opened_at?.saturating_add(cooldown);
+        (model.probing && now.as_millis() >= probe_at).then_some(cooldown)
+    }
+
     /// Whether the kit's breaker of `group` is open; `None` when unknown.
     fn open(&self, group: &GroupId) -> Option<bool> {
         if self.unknown.contains(group) {

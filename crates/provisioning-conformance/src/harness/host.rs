@@ -1259,6 +1259,7 @@ impl<S: Substrate> Harness<S> {
     }
 
     pub(super) fn check_state(&mut self) -> Result<(), Violation> {
+        self.check_held_wake()?;
         let live = self.substrate.live_resources();
         self.check_orphans(&live)?;
         let zombies = if self.durable.crashes > 0 {
@@ -1382,6 +1383,51 @@ impl<S: Substrate> Harness<S> {
                 ),
             ))
         })?;
+        Ok(())
+    }
+
+    /// G30 (wake form): while a group's breaker has its probe out, the slots
+    /// it holds back (desired, with no node or a destroyed attempt waiting
+    /// for its restart) are looked at again within one
+    /// cool-down: the driver's next wake is no later. A probe that hangs
+    /// must not hold them for good.
+    fn check_held_wake(&self) -> Result<(), Violation> {
+        if self.edges_reached || self.driver.is_queued() {
+            return Ok(());
+        }
+        let state = self.driver.state();
+        for group in self.limits.breakers.keys() {
+            let Some(cooldown) = self.breaker_watch.probe_out(group, &self.limits, self.now) else {
+                continue;
+            };
+            let held = (0..self.slots.count(group))
+                .map(|index| LogicalNodeId::new(group.clone(), index))
+                .find(|id| {
+                    // No node, or one whose attempt is gone and whose restart
+                    // waits on no timer of its own.
+                    let due = |at: Option<Timestamp>| {
+                        at.is_none_or(|at| at.as_millis() <= self.now.as_millis())
+                    };
+                    state.nodes.get(id).is_none_or(|n| {
+                        n.record.stage == provisioning::NodeStage::Destroyed
+                            && due(n.retry.restart_at)
+                            && due(n.retry.next_effect_at)
+                    })
+                });
+            let Some(held) = held else {
+                continue;
+            };
+            let by = self.now.as_millis().saturating_add(cooldown);
+            let wake = self.driver.requeue_at();
+            if wake.is_none_or(|at| at.as_millis() > by) {
+                return Err(self.violation(breach(
+                    GuaranteeId::BreakerLiveness,
+                    format!(
+                        "group {group}'s breaker has its probe out and holds {held} back, but the driver's next wake is {wake:?}, not within the cool-down of {cooldown}ms (by {by}ms)"
+                    ),
+                )));
+            }
+        }
         Ok(())
     }
 
