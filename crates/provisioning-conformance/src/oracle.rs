@@ -2900,4 +2900,94 @@ mod tests {
             "{breach:?}"
         );
     }
+
+    #[test]
+    fn the_executor_accounts_for_its_results_by_the_kits_own_counts() {
+        let counters = provisioning::executor::ExecutorCounters {
+            started: 5,
+            skipped: 2,
+            completed: 3,
+            replayed: 1,
+            expired: 1,
+            late_dropped: 2,
+            panics: 1,
+            waited: 1,
+        };
+        // 4 results taken (3 completions, 1 replay), 4 calls ended (1 of
+        // them dropped late), 1 skip at a submission, 1 operation said
+        // started that never reached the backend (dropped late too).
+        let seen = ExecutorSeen {
+            taken: 4,
+            replayed: 1,
+            notified: 4,
+            calls_ended: 4,
+            panics: 1,
+            started_never_called: Some(1),
+            skipped_at_submission: 1,
+        };
+        assert!(g04_executor_accounts_for_its_results(&counters, &seen).is_ok());
+        let broken = [
+            ExecutorSeen { taken: 5, ..seen },
+            ExecutorSeen {
+                notified: 3,
+                ..seen
+            },
+            ExecutorSeen { panics: 0, ..seen },
+            ExecutorSeen {
+                calls_ended: 6,
+                ..seen
+            },
+            ExecutorSeen {
+                calls_ended: 2,
+                ..seen
+            },
+            ExecutorSeen {
+                started_never_called: Some(2),
+                ..seen
+            },
+            ExecutorSeen {
+                skipped_at_submission: 2,
+                ..seen
+            },
+        ];
+        for seen in broken {
+            let verdict = g04_executor_accounts_for_its_results(&counters, &seen);
+            assert_eq!(
+                verdict.map_err(|b| b.guarantee),
+                Err(GuaranteeId::RecordBeforeDispatch),
+                "{seen:?}"
+            );
+        }
+        let dropped_more = provisioning::executor::ExecutorCounters {
+            late_dropped: 5,
+            ..counters
+        };
+        assert!(g04_executor_accounts_for_its_results(&dropped_more, &seen).is_err());
+    }
+
+    #[test]
+    fn a_panicking_call_is_reported_as_a_definite_error_with_the_panics_message() {
+        let result = |outcome| ExecutorResult {
+            op: call(1, 1).op,
+            node: LogicalNodeId::new(GroupId::new("a"), 0),
+            kind: EffectKind::CreateLease,
+            outcome,
+        };
+        let text = "scripted backend panic";
+        let told = result(Err(provisioning::EffectError::definite(format!(
+            "backend panicked: {text}"
+        ))));
+        assert!(g13_panic_reported_with_its_message(&told, Some(text)).is_ok());
+        assert!(g13_panic_reported_with_its_message(&told, None).is_ok());
+        let untold = result(Err(provisioning::EffectError::definite("backend panicked")));
+        let ambiguous = result(Err(provisioning::EffectError::ambiguous(text)));
+        let fine = result(Ok(EffectOutput::ConvergenceAcknowledged));
+        for result in [&untold, &ambiguous, &fine] {
+            let verdict = g13_panic_reported_with_its_message(result, Some(text));
+            assert_eq!(
+                verdict.map_err(|b| b.guarantee),
+                Err(GuaranteeId::ErrorsNotPanics)
+            );
+        }
+    }
 }
