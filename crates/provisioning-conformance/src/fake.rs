@@ -41,7 +41,9 @@ use provisioning::{
 };
 use provisioning_provider::{BootstrapSession, NodeLease};
 
-use crate::fake_support::{Completion, HangGate, Ledger, endpoint_of, silence_scripted_panics};
+use crate::fake_support::{
+    Completion, HangGate, Ledger, PanicSerial, endpoint_of, silence_scripted_panics,
+};
 use crate::substrate::{
     CallRecord, CallRecorder, Capabilities, LiveResources, ResourceKey, Substrate,
     SubstrateCounters, run_manual_work,
@@ -50,8 +52,10 @@ use crate::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
 
 pub use crate::substrate::MAX_SCRIPTED_FAULTS;
 
-/// The payload of a scripted backend panic. The fake's panic hook keeps
-/// these out of the test output; every other panic is reported as usual.
+/// The text of a scripted backend panic's payload (a `&'static str` or a
+/// `String`, alternately: a host must read both). The fake's panic hook
+/// keeps these out of the test output; every other panic is reported as
+/// usual.
 pub const SCRIPTED_PANIC_MESSAGE: &str = "provisioning-conformance: scripted backend panic";
 
 /// A deliberate dishonesty of the [`FakeBackend`], to prove that the oracle
@@ -75,6 +79,7 @@ pub struct FakeBackend {
     calls: CallRecorder,
     defects: BTreeSet<Defect>,
     wrong_answers: Mutex<WrongAnswers>,
+    panics: PanicSerial,
 }
 
 /// Scripted wrong answers: the targets of the next calls that answer with
@@ -116,6 +121,7 @@ impl FakeBackend {
             calls: CallRecorder::new(),
             defects: defects.into_iter().collect(),
             wrong_answers: Mutex::new(WrongAnswers::default()),
+            panics: PanicSerial::default(),
         }
     }
 
@@ -207,7 +213,7 @@ impl FakeBackend {
             Fault::Definite => Err(EffectError::definite("scripted definite failure")),
             Fault::Panic => {
                 drop(ledger);
-                std::panic::panic_any(SCRIPTED_PANIC_MESSAGE);
+                self.panics.panic();
             }
             Fault::AmbiguousDone => {
                 self.perform(&mut ledger, operation, epoch)?;

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -27,15 +28,36 @@ pub(crate) fn silence_scripted_panics() {
     INSTALL.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let scripted = info
-                .payload()
+            let payload = info.payload();
+            let scripted = payload
                 .downcast_ref::<&str>()
-                .is_some_and(|text| *text == SCRIPTED_PANIC_MESSAGE);
+                .is_some_and(|text| *text == SCRIPTED_PANIC_MESSAGE)
+                || payload
+                    .downcast_ref::<String>()
+                    .is_some_and(|text| text == SCRIPTED_PANIC_MESSAGE);
             if !scripted {
                 previous(info);
             }
         }));
     });
+}
+
+/// Counts a fake's scripted panics, to vary their payload.
+#[derive(Debug, Default)]
+pub(crate) struct PanicSerial(AtomicU64);
+
+impl PanicSerial {
+    /// Panics as scripted: with [`SCRIPTED_PANIC_MESSAGE`] as a `&'static
+    /// str` payload the first time and every second time after, and as a
+    /// `String` payload (what `panic!` with arguments carries) in between,
+    /// so a host's reading of both kinds of payload is exercised.
+    pub(crate) fn panic(&self) -> ! {
+        if self.0.fetch_add(1, Ordering::Relaxed) % 2 == 0 {
+            std::panic::panic_any(SCRIPTED_PANIC_MESSAGE)
+        } else {
+            std::panic::panic_any(SCRIPTED_PANIC_MESSAGE.to_owned())
+        }
+    }
 }
 
 /// The endpoint a fake node announces.

@@ -490,6 +490,141 @@ pub(crate) fn g04_executor_counts_what_it_did(
     )
 }
 
+/// What the kit saw of the live controller's executor since it was made,
+/// to hold its result counters to (G04, count form). Every figure is the
+/// kit's own: results the host took, submissions it saw answered by a
+/// replay, wake-ups it received, calls its backend wrapper saw start and
+/// end, panics it saw come out of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ExecutorSeen {
+    /// Results the host took from the executor (completions and replays).
+    pub(crate) taken: u64,
+    /// Submissions the executor answered by replaying a kept result.
+    pub(crate) replayed: u64,
+    /// Times the executor said a result was ready to be taken.
+    pub(crate) notified: u64,
+    /// Backend calls of the executor that started and ended.
+    pub(crate) calls_ended: u64,
+    /// Backend panics that came out of the executor's calls.
+    pub(crate) panics: u64,
+    /// Operations the executor answered as started that never reached the
+    /// backend, when no work is runnable (so their tasks ran); `None`
+    /// while some work is runnable.
+    pub(crate) started_never_called: Option<u64>,
+    /// Operations that waited behind an older one of their attempt, never
+    /// reached the backend, and were overtaken by a newer submission the
+    /// executor said it started.
+    pub(crate) skipped_at_submission: u64,
+}
+
+/// G04 (result count form): the executor's result counters, which a host
+/// meters, agree with what the kit saw, at a point where the host has
+/// taken every result (the harness settles first):
+/// - every result it reported was taken: the completed ones and the
+///   replayed ones add up to the results the host took, and it woke the
+///   host once per result (`with_notify`'s contract);
+/// - it counts every backend panic of its calls;
+/// - a call that ended without a result is a late result dropped, and what
+///   else it counts as dropped late never reached the backend: at least
+///   the calls whose result it did not report, at most those and the
+///   operations it skipped;
+/// - an operation it said it started and whose task ran without reaching
+///   the backend was skipped, and so was one that waited behind an older
+///   operation of its attempt, never reached the backend, and was
+///   overtaken by a newer one it said it started.
+pub(crate) fn g04_executor_accounts_for_its_results(
+    counters: &provisioning::executor::ExecutorCounters,
+    seen: &ExecutorSeen,
+) -> Verdict {
+    let guarantee = GuaranteeId::RecordBeforeDispatch;
+    ensure(
+        counters.completed.checked_add(seen.replayed) == Some(seen.taken),
+        guarantee,
+        || {
+            format!(
+                "the executor counts {} results completed, and the kit saw {} submissions answered by a replay, but the host took {} results from it (expected completed + replayed = taken)",
+                counters.completed, seen.replayed, seen.taken
+            )
+        },
+    )?;
+    ensure(seen.notified == seen.taken, guarantee, || {
+        format!(
+            "the executor said a result was ready {} times, but the host took {} results from it (expected one wake-up per result)",
+            seen.notified, seen.taken
+        )
+    })?;
+    ensure(counters.panics == seen.panics, guarantee, || {
+        format!(
+            "the executor counts {} backend panics, but the kit saw {} panics come out of its backend calls",
+            counters.panics, seen.panics
+        )
+    })?;
+    // Results of calls: what the host took, less the replays.
+    let reported = seen.taken.saturating_sub(seen.replayed);
+    ensure(reported <= seen.calls_ended, guarantee, || {
+        format!(
+            "the host took {reported} results of calls from the executor (besides replays), but only {} of its backend calls ended",
+            seen.calls_ended
+        )
+    })?;
+    let unreported = seen.calls_ended - reported;
+    ensure(
+        counters.late_dropped >= unreported
+            && counters.late_dropped - unreported <= counters.skipped,
+        guarantee,
+        || {
+            format!(
+                "the executor counts {} late results dropped and {} operations skipped, but {} of its backend calls ended without their result reported (expected dropped >= {unreported}, and dropped - {unreported} <= skipped: a result dropped without a call is a skipped operation's)",
+                counters.late_dropped, counters.skipped, unreported
+            )
+        },
+    )?;
+    let never = seen.started_never_called.unwrap_or(0);
+    ensure(
+        counters.skipped >= never.saturating_add(seen.skipped_at_submission),
+        guarantee,
+        || {
+            format!(
+                "the executor counts {} operations skipped, but {} operations that waited behind an older one were overtaken by a newer one it said it started, and {} operations it said it started never reached the backend{}",
+                counters.skipped,
+                seen.skipped_at_submission,
+                never,
+                if seen.started_never_called.is_some() {
+                    ", with no work left to run"
+                } else {
+                    " (not counted while work is runnable)"
+                }
+            )
+        },
+    )
+}
+
+/// G13 (panic form): the result of a call whose backend panicked is a
+/// definite error that carries the panic's message (`text`, when the
+/// payload was text): an operator must see why the call failed.
+pub(crate) fn g13_panic_reported_with_its_message(
+    result: &ExecutorResult,
+    text: Option<&str>,
+) -> Verdict {
+    let shown = match &result.outcome {
+        Err(error) => {
+            error.disposition == provisioning::effect::Disposition::Definite
+                && text.is_none_or(|text| error.message.contains(text))
+        }
+        Ok(_) => false,
+    };
+    ensure(shown, GuaranteeId::ErrorsNotPanics, || {
+        format!(
+            "the backend panicked during {} {} for {} with {}, but the executor reported {:?} (expected a definite error carrying the panic's message)",
+            result.kind,
+            result.op,
+            result.node,
+            text.map_or_else(|| "a non-text payload".to_owned(), |t| format!("{t:?}")),
+            result.outcome
+        )
+    })
+}
+
 /// G04 (driver count form): the driver's counters, which a host meters,
 /// agree with what the kit saw it do since it was made: `seen` holds the
 /// passes its drives reported, the operations the kit's sink received and
@@ -2900,5 +3035,95 @@ mod tests {
             matches!(&breach, Some((GuaranteeId::RecordBeforeDispatch, d)) if d.contains("a1/op2") && d.contains("a1/op3")),
             "{breach:?}"
         );
+    }
+
+    #[test]
+    fn the_executor_accounts_for_its_results_by_the_kits_own_counts() {
+        let counters = provisioning::executor::ExecutorCounters {
+            started: 5,
+            skipped: 2,
+            completed: 3,
+            replayed: 1,
+            expired: 1,
+            late_dropped: 2,
+            panics: 1,
+            waited: 1,
+        };
+        // 4 results taken (3 completions, 1 replay), 4 calls ended (1 of
+        // them dropped late), 1 skip at a submission, 1 operation said
+        // started that never reached the backend (dropped late too).
+        let seen = ExecutorSeen {
+            taken: 4,
+            replayed: 1,
+            notified: 4,
+            calls_ended: 4,
+            panics: 1,
+            started_never_called: Some(1),
+            skipped_at_submission: 1,
+        };
+        assert!(g04_executor_accounts_for_its_results(&counters, &seen).is_ok());
+        let broken = [
+            ExecutorSeen { taken: 5, ..seen },
+            ExecutorSeen {
+                notified: 3,
+                ..seen
+            },
+            ExecutorSeen { panics: 0, ..seen },
+            ExecutorSeen {
+                calls_ended: 6,
+                ..seen
+            },
+            ExecutorSeen {
+                calls_ended: 2,
+                ..seen
+            },
+            ExecutorSeen {
+                started_never_called: Some(2),
+                ..seen
+            },
+            ExecutorSeen {
+                skipped_at_submission: 2,
+                ..seen
+            },
+        ];
+        for seen in broken {
+            let verdict = g04_executor_accounts_for_its_results(&counters, &seen);
+            assert_eq!(
+                verdict.map_err(|b| b.guarantee),
+                Err(GuaranteeId::RecordBeforeDispatch),
+                "{seen:?}"
+            );
+        }
+        let dropped_more = provisioning::executor::ExecutorCounters {
+            late_dropped: 5,
+            ..counters
+        };
+        assert!(g04_executor_accounts_for_its_results(&dropped_more, &seen).is_err());
+    }
+
+    #[test]
+    fn a_panicking_call_is_reported_as_a_definite_error_with_the_panics_message() {
+        let result = |outcome| ExecutorResult {
+            op: call(1, 1).op,
+            node: LogicalNodeId::new(GroupId::new("a"), 0),
+            kind: EffectKind::CreateLease,
+            outcome,
+        };
+        let text = "scripted backend panic";
+        let told = result(Err(provisioning::EffectError::definite(format!(
+            "backend panicked: {text}"
+        ))));
+        assert!(g13_panic_reported_with_its_message(&told, Some(text)).is_ok());
+        assert!(g13_panic_reported_with_its_message(&told, None).is_ok());
+        let untold = result(Err(provisioning::EffectError::definite("backend panicked")));
+        let ambiguous = result(Err(provisioning::EffectError::ambiguous(text)));
+        let fine = result(Ok(EffectOutput::ConvergenceAcknowledged));
+        for result in [&untold, &ambiguous, &fine] {
+            let verdict = g13_panic_reported_with_its_message(result, Some(text));
+            assert_eq!(
+                verdict.map_err(|b| b.guarantee),
+                Err(GuaranteeId::ErrorsNotPanics)
+            );
+        }
     }
 }

@@ -60,8 +60,9 @@ use provisioning_provider::{
 };
 
 use crate::contract::{ContractFaults, ContractSubject, PluginMethod};
-use crate::fake::SCRIPTED_PANIC_MESSAGE;
-use crate::fake_support::{Completion, HangGate, Ledger, endpoint_of, silence_scripted_panics};
+use crate::fake_support::{
+    Completion, HangGate, Ledger, PanicSerial, endpoint_of, silence_scripted_panics,
+};
 use crate::harness::PROVIDER_KIND;
 use crate::substrate::{LiveResources, SubstrateCounters};
 use crate::trace::{Fault, StreamEvent};
@@ -154,6 +155,7 @@ pub struct FakePlugin {
     sink: Mutex<Option<ObservationSink>>,
     defects: BTreeSet<PluginDefect>,
     coverage: Option<FaultCoverage>,
+    panics: PanicSerial,
 }
 
 impl fmt::Debug for FakePlugin {
@@ -191,6 +193,7 @@ impl FakePlugin {
             sink: Mutex::new(None),
             defects: defects.into_iter().collect(),
             coverage: None,
+            panics: PanicSerial::default(),
         }
     }
 
@@ -456,7 +459,7 @@ impl FakePlugin {
                 ))),
                 Fault::Panic => {
                     drop(ledger);
-                    std::panic::panic_any(SCRIPTED_PANIC_MESSAGE);
+                    self.panics.panic();
                 }
                 Fault::AmbiguousDone => perform(&mut ledger, &mut facts, false).and_then(|_| {
                     Err(PluginError::ambiguous(format!(

@@ -140,6 +140,10 @@ impl<S: Substrate> Harness<S> {
             .flatten();
         if expired.is_some() {
             self.executor_watch.expired.insert(item.op);
+            let watch = &mut self.executor_watch;
+            if watch.waiting_behind.get(&item.op.attempt()) == Some(&item.op) {
+                watch.waiting_behind.remove(&item.op.attempt());
+            }
         } else if via_executor && self.strict_calls {
             // With a deterministic substrate every result of work that ran
             // was taken before timeouts are folded: an accepted operation

@@ -11,12 +11,16 @@
 //! calls that were already running in the backend go on there (*zombies*).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures_util::FutureExt;
+
 use provisioning::driver::{OperationSink, SubmitError};
 use provisioning::durable::RecoveryError;
-use provisioning::executor::EffectBackend;
+use provisioning::executor::{EffectBackend, Submitted};
 use provisioning::observe::LossCause;
 use provisioning::spawn::BoxFuture;
 use provisioning::state::PendingOperation;
@@ -121,10 +125,39 @@ pub(super) struct ControlState {
     /// Calls the live controller's executor started in the backend (the
     /// kit's own count of what `ExecutorCounters::started` reports).
     pub(super) live_calls: u64,
+    /// Backend panics that came out of calls of the live controller's
+    /// executor (the kit's own count of what `ExecutorCounters::panics`
+    /// reports).
+    pub(super) live_panics: u64,
+    /// The live controller's calls that panicked, with the text of the
+    /// panic (when its payload is text), until the harness takes their
+    /// result: what the executor reports for the call must carry it.
+    pub(super) panicked: BTreeMap<OperationId, Option<String>>,
     /// Calls in the backend, per attempt: (epoch, operation).
     in_flight: BTreeMap<NodeAttemptId, Vec<(u64, OperationId)>>,
     /// Keys a zombie call created a resource for.
     zombie_created: BTreeSet<ResourceKey>,
+}
+
+impl ControlState {
+    /// How many calls of the live controller's executor are in the backend
+    /// now (started and not yet ended).
+    pub(super) fn live_in_backend(&self) -> u64 {
+        let live = self.live_epoch;
+        self.in_flight
+            .values()
+            .flatten()
+            .filter(|(epoch, _)| *epoch == live)
+            .count() as u64
+    }
+}
+
+/// The text of a panic's payload, when it is text.
+fn payload_text(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
 }
 
 /// What the controller wrappers of one run share with the harness.
@@ -217,7 +250,24 @@ impl<B: EffectBackend> EffectBackend for ControllerBackend<B> {
                     op: operation.id,
                 }
             };
-            let outcome = self.inner.execute(operation).await;
+            let call = AssertUnwindSafe(self.inner.execute(operation))
+                .catch_unwind()
+                .await;
+            let outcome = match call {
+                Ok(outcome) => outcome,
+                Err(payload) => {
+                    // Seen on its way out, and passed on as it came: the
+                    // executor must turn it into an error (G13).
+                    let mut state = self.control.lock();
+                    if state.live_epoch == self.epoch {
+                        state.live_panics += 1;
+                        state.panicked.insert(operation.id, payload_text(&*payload));
+                    }
+                    drop(state);
+                    drop(in_flight);
+                    std::panic::resume_unwind(payload);
+                }
+            };
             {
                 // Marked before the call leaves the in-flight list, so that
                 // the oracle (which may look from another thread at a Level 3
@@ -335,13 +385,18 @@ impl<S: Substrate> Harness<S> {
         self.substrate.survives_controller_crash()
     }
 
-    /// Builds the executor of the current controller life.
+    /// Builds the executor of the current controller life, counting its
+    /// wake-ups ("a result is ready to be taken") in `notified`.
     pub(super) fn controller_executor(
         substrate: &S,
         control: &Control,
+        notified: &Arc<AtomicU64>,
     ) -> IdempotentEffectExecutor<ControllerBackend<S::Backend>> {
         let backend = ControllerBackend::new(substrate.backend(), control);
-        IdempotentEffectExecutor::new(Arc::new(backend), substrate.spawner())
+        let notified = notified.clone();
+        IdempotentEffectExecutor::with_notify(Arc::new(backend), substrate.spawner(), move || {
+            notified.fetch_add(1, Ordering::Relaxed);
+        })
     }
 
     /// Commits the driver's changes since the last commit. On failure the
@@ -557,20 +612,17 @@ impl<S: Substrate> Harness<S> {
         }
         for operation in batch.operations {
             let refused = match &committed {
-                Ok(()) => match self.executor.submit(operation.clone()) {
+                Ok(()) => match self.submit_in_turn(operation.clone()) {
                     Ok(submitted) => {
-                        if submitted == provisioning::executor::Submitted::Queued {
+                        self.watch_waiting(&operation, submitted);
+                        if submitted == Submitted::Queued {
                             self.executor_watch.queued_here += 1;
                             self.vacuity.queued_submissions += 1;
                         }
-                        if submitted == provisioning::executor::Submitted::Replayed {
+                        if submitted == Submitted::Replayed {
                             self.executor_watch.replayed_here += 1;
                         }
-                        if matches!(
-                            submitted,
-                            provisioning::executor::Submitted::Started
-                                | provisioning::executor::Submitted::Queued
-                        ) {
+                        if matches!(submitted, Submitted::Started | Submitted::Queued) {
                             // Taken and not yet run: the executor has it in
                             // flight, and says it has work.
                             let shown = self.executor.in_flight().contains(&operation.id);
@@ -606,6 +658,75 @@ impl<S: Substrate> Harness<S> {
             self.deliver_result(result)?;
         }
         Ok(())
+    }
+
+    /// Hands `operation` to the executor through its inherent `submit` and
+    /// its two `OperationSink` faces in turn, as hosts do (one whose driver
+    /// drives straight into the executor uses a face). A face says only
+    /// whether the operation was taken; how it was taken is read from the
+    /// executor's replay and wait counts and its in-flight list, and a face
+    /// that took nothing shows as an operation said started and not in
+    /// flight (G04).
+    fn submit_in_turn(&mut self, operation: Operation) -> Result<Submitted, SubmitError> {
+        let turn = self.executor_watch.submissions % 3;
+        self.executor_watch.submissions += 1;
+        if turn == 0 {
+            return self.executor.submit(operation);
+        }
+        let before = self.executor.counters();
+        let running = self.executor.in_flight().contains(&operation.id);
+        if turn == 1 {
+            OperationSink::submit(&mut self.executor, operation)?;
+        } else {
+            let mut sink = &self.executor;
+            OperationSink::submit(&mut sink, operation)?;
+        }
+        let after = self.executor.counters();
+        Ok(if after.replayed > before.replayed {
+            Submitted::Replayed
+        } else if after.waited > before.waited {
+            Submitted::Queued
+        } else if running {
+            Submitted::AlreadyRunning
+        } else {
+            Submitted::Started
+        })
+    }
+
+    /// Notes what `submitted` says of `operation` for the kit's count of
+    /// skipped operations: one said started waits for its call; one said
+    /// queued waits behind its attempt's older operation; and one said
+    /// started while an older one of its attempt still waited (never called
+    /// yet, not expired through the executor) means that older one was
+    /// skipped — it must never reach the backend after a newer one.
+    fn watch_waiting(&mut self, operation: &Operation, submitted: Submitted) {
+        let attempt = operation.attempt();
+        match submitted {
+            Submitted::Started => {
+                self.executor_watch.awaiting_call.insert(operation.id);
+                if let Some(older) = self.executor_watch.waiting_behind.remove(&attempt) {
+                    // A call may have started since the harness last took
+                    // the starts (a pass between deliveries submits).
+                    let called = self
+                        .durable
+                        .control
+                        .lock()
+                        .starts
+                        .iter()
+                        .any(|s| s.op == older);
+                    if !called {
+                        self.executor_watch.skipped_at_submission += 1;
+                        self.vacuity.skipped_at_submission += 1;
+                    }
+                }
+            }
+            Submitted::Queued => {
+                self.executor_watch
+                    .waiting_behind
+                    .insert(attempt, operation.id);
+            }
+            Submitted::AlreadyRunning | Submitted::Replayed => {}
+        }
     }
 
     /// The armed crash fires: the backend runs whatever work reached it,
@@ -699,10 +820,13 @@ impl<S: Substrate> Harness<S> {
         self.durable.crashes += 1;
         self.vacuity.crashes += 1;
         self.durable.late_dropped_before += self.executor.counters().late_dropped;
+        self.close_dead_executor()?;
         {
             let mut control = self.durable.control.lock();
             control.live_epoch += 1;
             control.live_calls = 0;
+            control.live_panics = 0;
+            control.panicked.clear();
         }
         // The provider's sessions streamed to the dead controller: they go
         // quiet until the new one re-attaches them.
@@ -719,6 +843,11 @@ impl<S: Substrate> Harness<S> {
         self.executor_watch.published_here.clear();
         self.executor_watch.queued_here = 0;
         self.executor_watch.replayed_here = 0;
+        self.executor_watch.taken_here = 0;
+        self.executor_watch.awaiting_call.clear();
+        self.executor_watch.waiting_behind.clear();
+        self.executor_watch.skipped_at_submission = 0;
+        self.executor_watch.notified = Arc::new(AtomicU64::new(0));
         // An acknowledgement folded after the last commit died with the
         // controller: the recovered one may report that convergence again.
         let recovered = driver.state();
@@ -731,7 +860,11 @@ impl<S: Substrate> Harness<S> {
                         .is_some_and(|b| b.convergence_observed)
             })
         });
-        self.executor = Harness::controller_executor(&self.substrate, &self.durable.control);
+        self.executor = Harness::controller_executor(
+            &self.substrate,
+            &self.durable.control,
+            &self.executor_watch.notified,
+        );
         self.driver = driver;
         // The limits are configuration: the new controller is given them too.
         self.driver.set_limits(self.limits.clone());
@@ -828,6 +961,30 @@ impl<S: Substrate> Harness<S> {
         }
         self.reconcile_listing()?;
         self.scan_orphans()
+    }
+
+    /// G26 (close form): the dead controller's executor is closed before it
+    /// goes, as a host shutting a controller down closes it; closed, it
+    /// must refuse a submission (here its latest operation again), so that
+    /// nothing a late caller hands it can reach the backend.
+    fn close_dead_executor(&mut self) -> Result<(), Violation> {
+        self.executor.close();
+        let Some(operation) = self.executor_watch.recent.back().cloned() else {
+            return Ok(());
+        };
+        let answer = self.executor.submit(operation.clone());
+        self.check(if matches!(answer, Err(SubmitError::Closed)) {
+            Ok(())
+        } else {
+            Err(breach(
+                GuaranteeId::CrashSafety,
+                format!(
+                    "the crashed controller's executor was closed, but it answered {answer:?} to {} {} submitted again (expected a refusal: closed)",
+                    operation.kind(),
+                    operation.id
+                ),
+            ))
+        })
     }
 
     /// After recovery: a journaled lease of a node's current attempt that is

@@ -59,7 +59,8 @@ impl<S: Substrate> Harness<S> {
         if header.late_close {
             substrate.close_sessions_late();
         }
-        let executor = Harness::controller_executor(&substrate, &durable.control);
+        let notified = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let executor = Harness::controller_executor(&substrate, &durable.control, &notified);
         let strict_calls = substrate.capabilities().deterministic;
         let mut vacuity = Vacuity::default();
         if substrate.survives_controller_crash() {
@@ -80,7 +81,10 @@ impl<S: Substrate> Harness<S> {
             slots: model.slots(),
             attempts: oracle::AttemptsSeen::default(),
             failures: BTreeMap::new(),
-            executor_watch: super::ExecutorWatch::default(),
+            executor_watch: super::ExecutorWatch {
+                notified,
+                ..super::ExecutorWatch::default()
+            },
             interleave: header.interleave,
             model,
             generation: first_generation.saturating_sub(1),
@@ -164,7 +168,27 @@ impl<S: Substrate> Harness<S> {
             self.settle()?;
             self.check_state()?;
         }
+        self.check_executor_debug()?;
         self.probe_quiescence()
+    }
+
+    /// G04 (diagnostics form): the executor's debug text, what a host's
+    /// logs show of it, carries its counters — at least the calls it
+    /// started, as the kit counted them.
+    fn check_executor_debug(&self) -> Result<(), Violation> {
+        let calls = self.durable.control.lock().live_calls;
+        let text = format!("{:?}", self.executor);
+        let expected = format!("started: {calls}");
+        self.check(if text.contains(&expected) {
+            Ok(())
+        } else {
+            Err(breach(
+                GuaranteeId::RecordBeforeDispatch,
+                format!(
+                    "the executor's debug text is {text:?}, which does not show its counters (expected it to contain {expected:?})"
+                ),
+            ))
+        })
     }
 
     /// The vacuity counts so far, with the substrate's and the executor's
@@ -546,13 +570,29 @@ impl<S: Substrate> Harness<S> {
     pub(super) fn settle(&mut self) -> Result<(), Violation> {
         for _ in 0..MAX_SETTLE_ROUNDS {
             let mut progressed = false;
-            for result in self.executor.take_results() {
+            let results = self.executor.take_results();
+            // Counted at once: a crash while they are delivered (a pass
+            // between deliveries may hand out work) makes a new executor,
+            // which must not be held to the dead one's results.
+            self.executor_watch.taken_here += results.len() as u64;
+            for result in results {
                 self.executor_watch.published_here.insert(result.op);
                 self.check(oracle::g02_published_result_is_accounted_for(
                     &result,
                     &self.executor_watch.submitted,
                     &self.executor_watch.expired,
                 ))?;
+                let panicked = self.durable.control.lock().panicked.remove(&result.op);
+                // An operation the kit expired through the executor answers
+                // with its timeout; its call's panic was dropped late.
+                if let Some(text) = panicked
+                    && !self.executor_watch.expired.contains(&result.op)
+                {
+                    self.check(oracle::g13_panic_reported_with_its_message(
+                        &result,
+                        text.as_deref(),
+                    ))?;
+                }
                 self.deliver_result(result)?;
                 self.pass_between_deliveries()?;
                 progressed = true;
@@ -1004,6 +1044,13 @@ impl<S: Substrate> Harness<S> {
             }
         }
         let (starts, zombies) = self.take_call_starts();
+        for start in &starts {
+            let watch = &mut self.executor_watch;
+            watch.awaiting_call.remove(&start.op);
+            if watch.waiting_behind.get(&start.op.attempt()) == Some(&start.op) {
+                watch.waiting_behind.remove(&start.op.attempt());
+            }
+        }
         for mut call in self.substrate.take_calls() {
             // Calls of a dead controller still running in the backend are
             // beyond any executor's single flight.
@@ -1383,6 +1430,25 @@ impl<S: Substrate> Harness<S> {
                 ),
             ))
         })?;
+        let seen = {
+            let control = self.durable.control.lock();
+            let watch = &self.executor_watch;
+            oracle::ExecutorSeen {
+                taken: watch.taken_here,
+                replayed: watch.replayed_here,
+                notified: watch.notified.load(std::sync::atomic::Ordering::Relaxed),
+                calls_ended: control.live_calls.saturating_sub(control.live_in_backend()),
+                panics: control.live_panics,
+                // Once no work is runnable, every operation the executor
+                // said it started has had its task run.
+                started_never_called: (!self.substrate.has_runnable_work())
+                    .then_some(watch.awaiting_call.len() as u64),
+                skipped_at_submission: watch.skipped_at_submission,
+            }
+        };
+        self.check(oracle::g04_executor_accounts_for_its_results(
+            &counters, &seen,
+        ))?;
         Ok(())
     }
 

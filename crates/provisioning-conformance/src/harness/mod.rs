@@ -205,6 +205,10 @@ pub struct Vacuity {
     /// A submission waited behind an older operation of its attempt that
     /// was still running (the executor answered "queued"; informational).
     pub queued_submissions: u64,
+    /// A queued operation that never reached the backend was overtaken by
+    /// a newer one of its attempt the executor started (the kit's count of
+    /// skips at a submission; informational).
+    pub skipped_at_submission: u64,
     /// An operation was handed to the executor a second time
     /// ([`Input::Resubmit`](crate::trace::Input::Resubmit); informational).
     pub resubmissions: u64,
@@ -258,6 +262,7 @@ impl Vacuity {
         vec![
             ("resubmission", self.resubmissions),
             ("queued submission", self.queued_submissions),
+            ("skipped at a submission", self.skipped_at_submission),
         ]
     }
 
@@ -284,6 +289,7 @@ impl Vacuity {
         self.breakers_resumed += other.breakers_resumed;
         self.resubmissions += other.resubmissions;
         self.queued_submissions += other.queued_submissions;
+        self.skipped_at_submission += other.skipped_at_submission;
     }
 }
 
@@ -447,6 +453,25 @@ struct ExecutorWatch {
     queued_here: u64,
     /// Submissions it answered by replaying a kept result.
     replayed_here: u64,
+    /// Results the harness took from it (completions and replays).
+    taken_here: u64,
+    /// Operations it answered as started whose call the kit has not yet
+    /// seen reach the backend: once no work is runnable, each of these
+    /// was skipped.
+    awaiting_call: BTreeSet<OperationId>,
+    /// The latest operation of each attempt it answered as queued, while
+    /// the kit has seen it neither reach the backend nor expire through
+    /// the executor: it still waits behind the attempt's older operation.
+    waiting_behind: BTreeMap<NodeAttemptId, OperationId>,
+    /// Operations it must have skipped when a newer one of their attempt
+    /// was submitted: it answered the newer one as started while the older
+    /// one still waited, so the older one can never reach the backend.
+    skipped_at_submission: u64,
+    /// How many times it said a result was ready to be taken.
+    notified: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Submissions handed to it so far, to take turns between its
+    /// inherent `submit` and its two `OperationSink` faces.
+    submissions: u64,
 }
 
 /// What the kit saw the live driver do, to hold its counters to (G04,
