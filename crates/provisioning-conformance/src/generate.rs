@@ -72,7 +72,7 @@ impl Default for GeneratorConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SwarmWeights {
     /// Weight per [`InputKind`], in [`InputKind::ALL`] order; zero omits the kind.
-    pub kinds: [u32; 14],
+    pub kinds: [u32; 15],
     /// Weight per [`Fault`], in [`Fault::ALL`] order.
     pub faults: [u32; 7],
     /// Weight of "any call", then of each [`EffectKind`] in [`EffectKind::ALL`] order.
@@ -85,15 +85,19 @@ pub struct SwarmWeights {
 
 /// Input kinds whose weights are drawn after every other weight (they were
 /// added to the alphabet later).
-const LATE_KINDS: [InputKind; 4] = [
+const LATE_KINDS: [InputKind; 5] = [
     InputKind::Crash,
     InputKind::Resubmit,
     InputKind::Confuse,
     InputKind::Resume,
+    InputKind::Refuse,
 ];
 
 /// Seeds in a thousand that draw the operator's `resume` input.
 const OPERATOR_INPUTS_PER_MILLE: u32 = 250;
+
+/// Seeds in a thousand that draw the host's `refuse` input.
+const REFUSE_PER_MILLE: u32 = 250;
 
 /// Seeds in a thousand whose operator limits change eight times as often.
 const LIMIT_HEAVY_PER_MILLE: u32 = 200;
@@ -120,6 +124,7 @@ fn base_weight(kind: InputKind) -> u32 {
         InputKind::Resubmit => 2,
         InputKind::Confuse => 2,
         InputKind::Resume => 2,
+        InputKind::Refuse => 2,
     }
 }
 
@@ -174,6 +179,12 @@ impl SwarmWeights {
         if limits_rng.chance(LIMIT_HEAVY_PER_MILLE) {
             kinds[InputKind::Limit as usize] =
                 base_weight(InputKind::Limit) * 8 * limits_rng.between(1, 3) as u32;
+        }
+        // `refuse`, added after them, comes in a quarter of the seeds (its
+        // own fork again).
+        let mut refuse_rng = rng.fork();
+        if refuse_rng.chance(REFUSE_PER_MILLE) {
+            kinds[InputKind::Refuse as usize] = draw_kind(&mut refuse_rng, InputKind::Refuse);
         }
         SwarmWeights {
             kinds,
@@ -308,6 +319,13 @@ fn draw_input(weights: &SwarmWeights, rng: &mut SplitMix64) -> Input {
             let mut targets = vec![FaultTarget::Any];
             targets.extend(EffectKind::ALL.map(FaultTarget::Kind));
             Input::Confuse {
+                target: pick(rng, &targets, &weights.fault_targets).unwrap_or(FaultTarget::Any),
+            }
+        }
+        InputKind::Refuse => {
+            let mut targets = vec![FaultTarget::Any];
+            targets.extend(EffectKind::ALL.map(FaultTarget::Kind));
+            Input::Refuse {
                 target: pick(rng, &targets, &weights.fault_targets).unwrap_or(FaultTarget::Any),
             }
         }

@@ -419,20 +419,21 @@ pub(crate) fn g17_undesired_slots_are_not_active(
     Ok(())
 }
 
-/// G04 (report form): what a drive reports it dispatched is what its sink
-/// received. The kit's sink accepts every operation, so nothing may be
-/// reported refused; a host counts and meters operations from this report.
+/// G04 (report form): what a drive reports it dispatched and refused is
+/// what its sink accepted and refused; a host counts and meters operations
+/// from this report.
 pub(crate) fn g04_drive_report_matches_sink(
     reported_dispatched: usize,
     reported_refused: usize,
     accepted: usize,
+    refused: usize,
 ) -> Verdict {
     ensure(
-        reported_dispatched == accepted && reported_refused == 0,
+        reported_dispatched == accepted && reported_refused == refused,
         GuaranteeId::RecordBeforeDispatch,
         || {
             format!(
-                "a drive reported {reported_dispatched} operations dispatched and {reported_refused} refused, but its sink accepted {accepted} and refused none"
+                "a drive reported {reported_dispatched} operations dispatched and {reported_refused} refused, but its sink accepted {accepted} and refused {refused}"
             )
         },
     )
@@ -2522,6 +2523,7 @@ pub(crate) fn g19_pass_did_what_it_planned(
     now: Timestamp,
     full_expected: Option<bool>,
     holds: &Holds<'_>,
+    refused: &BTreeMap<LogicalNodeId, EffectKind>,
 ) -> Result<(Held, Taken), Breach> {
     ensure(
         planned.now.as_millis() == now.as_millis(),
@@ -2597,9 +2599,14 @@ pub(crate) fn g19_pass_did_what_it_planned(
         use provisioning::NodeAction;
         let now_node = after.nodes.get(id);
         let taken = match decision.action {
-            NodeAction::Dispatch(kind) => now_node
-                .and_then(|n| n.pending.as_ref())
-                .is_some_and(|p| p.kind == kind && pending_before(id) != Some(p.id)),
+            // Dispatched: pending now, or handed to the sink and refused
+            // there (folded at once).
+            NodeAction::Dispatch(kind) => {
+                refused.get(id) == Some(&kind)
+                    || now_node
+                        .and_then(|n| n.pending.as_ref())
+                        .is_some_and(|p| p.kind == kind && pending_before(id) != Some(p.id))
+            }
             NodeAction::BeginDelete => now_node.is_none_or(|n| n.intent == Intent::Deleting),
             NodeAction::Insert => now_node.is_some(),
             NodeAction::Restart => {

@@ -363,6 +363,13 @@ pub enum Input {
         /// Which call.
         target: FaultTarget,
     },
+    /// The host refuses the next operation matching `target` that a drive
+    /// hands its sink (its outbox is full): the driver must fold the refusal
+    /// at once as a definite failure of that operation, and count it.
+    Refuse {
+        /// Which operation.
+        target: FaultTarget,
+    },
     /// The operator closes `group`'s breaker at once (`provision resume
     /// GROUP`): the driver must say whether it was open, and the group's
     /// held slots must get their attempts in the next pass.
@@ -434,6 +441,7 @@ impl Input {
             Input::Release => InputKind::Release,
             Input::Resubmit { .. } => InputKind::Resubmit,
             Input::Confuse { .. } => InputKind::Confuse,
+            Input::Refuse { .. } => InputKind::Refuse,
             Input::Resume { .. } => InputKind::Resume,
             Input::Lose { .. } => InputKind::Lose,
             Input::Crash => InputKind::Crash,
@@ -503,6 +511,11 @@ impl Input {
             } => out.push(Input::Confuse {
                 target: FaultTarget::Any,
             }),
+            Input::Refuse {
+                target: FaultTarget::Kind(_),
+            } => out.push(Input::Refuse {
+                target: FaultTarget::Any,
+            }),
             Input::Lose { ready, cause } => {
                 out.extend(smaller(ready).map(|ready| Input::Lose { ready, cause }));
             }
@@ -567,11 +580,13 @@ pub enum InputKind {
     Confuse,
     /// [`Input::Resume`].
     Resume,
+    /// [`Input::Refuse`].
+    Refuse,
 }
 
 impl InputKind {
     /// Every kind, in order.
-    pub const ALL: [InputKind; 14] = [
+    pub const ALL: [InputKind; 15] = [
         InputKind::Tick,
         InputKind::Desire,
         InputKind::Revision,
@@ -586,6 +601,7 @@ impl InputKind {
         InputKind::Resubmit,
         InputKind::Confuse,
         InputKind::Resume,
+        InputKind::Refuse,
     ];
 
     /// The keyword that starts an input of this kind in the text form.
@@ -605,6 +621,7 @@ impl InputKind {
             InputKind::Resubmit => "resubmit",
             InputKind::Confuse => "confuse",
             InputKind::Resume => "resume",
+            InputKind::Refuse => "refuse",
         }
     }
 }
@@ -719,6 +736,7 @@ impl fmt::Display for Input {
             Input::Release => f.write_str("release"),
             Input::Resubmit { back } => write!(f, "resubmit {back}"),
             Input::Confuse { target } => write!(f, "confuse {target}"),
+            Input::Refuse { target } => write!(f, "refuse {target}"),
             Input::Resume { group } => write!(f, "resume {}", group.name()),
             Input::Lose { ready, cause } => write!(f, "lose @{ready} {}", loss_name(*cause)),
             Input::Crash => f.write_str("crash"),
@@ -979,6 +997,9 @@ fn parse_input(keyword: &str, words: &mut Words<'_>) -> Result<Input, ParseError
         "confuse" => Input::Confuse {
             target: parse_fault_target(words.next("fault target")?)?,
         },
+        "refuse" => Input::Refuse {
+            target: parse_fault_target(words.next("fault target")?)?,
+        },
         "crash" => Input::Crash,
         "resume" => Input::Resume {
             group: parse_group(words.next("group")?)?,
@@ -1118,6 +1139,12 @@ mod tests {
             },
             Input::Confuse {
                 target: FaultTarget::Kind(EffectKind::StartBootstrap),
+            },
+            Input::Refuse {
+                target: FaultTarget::Any,
+            },
+            Input::Refuse {
+                target: FaultTarget::Kind(EffectKind::CreateLease),
             },
             Input::Run(WorkStep::Fifo),
             Input::Run(WorkStep::Lifo),

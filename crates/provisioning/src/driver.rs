@@ -806,6 +806,19 @@ impl ClusterDriver {
         outcome: Result<&crate::effect::EffectOutput, &EffectError>,
         now: Timestamp,
     ) -> Result<(), ClockSaturated> {
+        self.fold_pending_as(node_id, pending, outcome, now, true)
+    }
+
+    /// [`ClusterDriver::fold_pending`]; `sent`: whether the operation
+    /// reached the provider (not for one the sink refused).
+    fn fold_pending_as(
+        &mut self,
+        node_id: &LogicalNodeId,
+        pending: &PendingOperation,
+        outcome: Result<&crate::effect::EffectOutput, &EffectError>,
+        now: Timestamp,
+        sent: bool,
+    ) -> Result<(), ClockSaturated> {
         let Some(node) = self.state.nodes.get_mut(node_id) else {
             return Ok(());
         };
@@ -813,6 +826,7 @@ impl ClusterDriver {
             policy: &self.policy,
             now,
             spec_is_desired: self.desired.is_desired_spec(&node.spec),
+            sent,
         };
         let before = (node.record.stage == NodeStage::Failed, node.is_ready());
         if operation_fold_may_fail(pending.kind, outcome) {
@@ -1163,6 +1177,7 @@ impl ClusterDriver {
             policy: &self.policy,
             now,
             spec_is_desired: self.desired.is_desired_spec(&node.spec),
+            sent: true,
         };
         let fold = |node: &mut ManagedNode| -> Result<(), DriverError> {
             match observation {
@@ -1648,8 +1663,8 @@ impl ClusterDriver {
             report.refused += 1;
             let error = EffectError::definite(format!("submission refused: {refused}"));
             // Folded at once, while the pass is open: the touch makes sure
-            // exactly one more pass follows.
-            self.fold_pending(id, &pending, Err(&error), now)?;
+            // exactly one more pass follows. The provider never saw it.
+            self.fold_pending_as(id, &pending, Err(&error), now, false)?;
         } else {
             report.dispatched += 1;
         }

@@ -105,6 +105,10 @@ pub(crate) struct FoldContext<'a> {
     pub(crate) now: Timestamp,
     /// Whether the node's spec equals the desired spec of its slot.
     pub(crate) spec_is_desired: bool,
+    /// Whether the operation reached the provider: `false` for one the
+    /// host's sink refused, whose failure says nothing of what the provider
+    /// did.
+    pub(crate) sent: bool,
 }
 
 impl FoldContext<'_> {
@@ -337,17 +341,21 @@ fn fold_failure(
     if kind.adopts_after_ambiguity() {
         if error.is_ambiguous() {
             node.retry.ambiguous = Some(Box::new(AmbiguousOperation { op, kind }));
-        } else {
+        } else if ctx.sent {
             // A definite failure means the provider looked for a resource of
             // this key, found none and created none.
             clear_ambiguous(node, kind);
         }
+        // A refused submission never reached the provider: what an earlier
+        // operation may have made stays remembered, to be adopted.
     }
     if kind == EffectKind::CreateLease && node.record.stage == NodeStage::LeaseRequested {
         node.record.stage = NodeStage::New;
     }
 
-    if kind == EffectKind::StartBootstrap && !error.is_ambiguous() {
+    // (A start the host refused did not fail: it is tried again after the
+    // backoff.)
+    if kind == EffectKind::StartBootstrap && !error.is_ambiguous() && ctx.sent {
         fail_attempt(
             node,
             format!("bootstrap did not start: {}", error.message),

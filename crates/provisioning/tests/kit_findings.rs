@@ -367,3 +367,78 @@ fn a_failed_breaker_probe_looks_again_at_the_nodes_the_breaker_holds() {
     assert!(drive(&mut d, &mut sink, now).is_empty());
     assert_eq!(d.requeue_at(), settled, "a forced pass moves no timer");
 }
+
+/// A sink that refuses every operation (a host whose outbox is full).
+struct Refusing(Vec<Operation>);
+
+impl provisioning::driver::OperationSink for Refusing {
+    fn submit(&mut self, operation: Operation) -> Result<(), provisioning::driver::SubmitError> {
+        self.0.push(operation);
+        Err(provisioning::driver::SubmitError::Refused(
+            "the outbox is full".to_owned(),
+        ))
+    }
+}
+
+/// Kit finding (G23 converged leaks nothing, then G12 refusal form),
+/// shrunk trace: `desire drift a image; refuse any; tick 61000ms`.
+///
+/// A create timed out (ambiguous: the provider may have made the lease).
+/// The node's slot drifted, so its cleanup re-issues the create to adopt
+/// what it made before destroying it; the host's sink refused that
+/// re-issue. The refusal was folded like a provider's definite answer
+/// ("nothing was created for this key"), the ambiguity was forgotten and
+/// the node reaped: the lease the first create made leaked. A refusal now
+/// keeps what the provider may have done remembered.
+#[test]
+fn a_refused_reissue_keeps_the_ambiguous_create_remembered() {
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let create = drive(&mut d, &mut sink, at(0)).remove(0);
+    d.operation_timed_out(&create.node, create.id, at(30_000))
+        .unwrap();
+    d.update_desired(shape(2, vec![group("g", 1, "img:2")]))
+        .unwrap();
+    let mut refusing = Refusing(Vec::new());
+    let _ = d.drive_until_blocked(at(31_000), &mut refusing);
+    let reissued = refusing.0.first().expect("the create is re-issued");
+    assert_eq!(reissued.kind(), EffectKind::CreateLease);
+    let node = &d.state().nodes[&node("g-0")];
+    assert_eq!(
+        node.retry.ambiguous.as_ref().map(|a| a.kind),
+        Some(EffectKind::CreateLease),
+        "the refusal is not the provider's answer"
+    );
+    let next = node.retry.next_effect_at.expect("retried after a backoff");
+    // Once the host takes it, the provider adopts the lease and cleanup
+    // destroys it: nothing leaks.
+    let taken = drive(&mut d, &mut sink, next);
+    assert!(taken.iter().any(|op| op.kind() == EffectKind::CreateLease));
+}
+
+/// A start the host's sink refused did not fail the attempt: the provider
+/// never saw it, so it is tried again after the backoff.
+#[test]
+fn a_refused_start_is_tried_again_without_failing_the_attempt() {
+    let mut d = driver();
+    d.update_desired(shape(1, vec![group("g", 1, "img:1")]))
+        .unwrap();
+    let mut sink = RecordingSink::default();
+    let create = drive(&mut d, &mut sink, at(0)).remove(0);
+    d.apply_executor_result(&success(&create), at(0)).unwrap();
+    let lookup = drive(&mut d, &mut sink, at(0)).remove(0);
+    d.apply_executor_result(&success(&lookup), at(0)).unwrap();
+    let mut refusing = Refusing(Vec::new());
+    let _ = d.drive_until_blocked(at(0), &mut refusing);
+    assert_eq!(refusing.0[0].kind(), EffectKind::StartBootstrap);
+    let node = &d.state().nodes[&node("g-0")];
+    assert_eq!(node.record.stage, NodeStage::EndpointKnown);
+    assert!(node.record.failure.is_none(), "the attempt did not fail");
+    assert_eq!(node.intent, Intent::Active);
+    let next = node.retry.next_effect_at.expect("retried after a backoff");
+    let again = drive(&mut d, &mut sink, next);
+    assert_eq!(again[0].kind(), EffectKind::StartBootstrap);
+    assert_eq!(again[0].attempt(), create.attempt(), "the same attempt");
+}

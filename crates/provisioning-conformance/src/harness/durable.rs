@@ -89,10 +89,29 @@ impl Default for HostOptions {
 pub(super) struct Batch {
     pub(super) operations: Vec<Operation>,
     pub(super) retired: Vec<NodeAttemptId>,
+    /// Armed refusals (`refuse` inputs): each refuses the next operation of
+    /// its kind (`None`: of any kind), in order.
+    pub(super) refuse: Vec<Option<EffectKind>>,
+    /// The operations this sink refused.
+    pub(super) refused: Vec<Operation>,
 }
 
 impl OperationSink for Batch {
     fn submit(&mut self, operation: Operation) -> Result<(), SubmitError> {
+        let kind = operation.kind();
+        // At most one refusal per node and drive: the kit judges each as one
+        // fold between the drive's start and end.
+        let again = self.refused.iter().any(|r| r.node == operation.node);
+        if let Some(armed) = self
+            .refuse
+            .iter()
+            .position(|target| target.is_none_or(|k| k == kind))
+            .filter(|_| !again)
+        {
+            self.refuse.remove(armed);
+            self.refused.push(operation);
+            return Err(SubmitError::Refused("the host's outbox is full".to_owned()));
+        }
         self.operations.push(operation);
         Ok(())
     }

@@ -98,6 +98,8 @@ impl<S: Substrate> Harness<S> {
             calls: Vec::new(),
             vacuity,
             limits: provisioning::Limits::default(),
+            refusals: Vec::new(),
+            more_refusals_to_fold: false,
             history_watch,
             breaker_watch: super::breaker::BreakerWatch::default(),
             history_off: header.late_close,
@@ -323,6 +325,11 @@ impl<S: Substrate> Harness<S> {
             Input::Revision(probe) => self.probe_revision(probe)?,
             Input::Script { target, fault } => {
                 self.substrate.script(target, fault);
+            }
+            Input::Refuse { target } => {
+                if self.refusals.len() < crate::substrate::MAX_SCRIPTED_FAULTS {
+                    self.refusals.push(target.kind());
+                }
             }
             Input::Run(step) => {
                 self.substrate.run_work(step);
@@ -655,7 +662,10 @@ impl<S: Substrate> Harness<S> {
             return Ok(false);
         }
         let pre = self.driver.state().clone();
-        let mut batch = Batch::default();
+        let mut batch = Batch {
+            refuse: std::mem::take(&mut self.refusals),
+            ..Batch::default()
+        };
         self.drives += 1;
         let split = if self.drives % 2 == 0 {
             self.drive_split(&mut batch)?
@@ -671,10 +681,12 @@ impl<S: Substrate> Harness<S> {
             Ok(_) => Some(false),
             Err(_) => None,
         };
+        self.refusals = std::mem::take(&mut batch.refuse);
+        self.vacuity.refusals += batch.refused.len() as u64;
         if let Ok(report) = &outcome {
             self.driver_counts.passes += u64::from(report.passes);
             self.driver_counts.dispatched += batch.operations.len() as u64;
-            self.driver_counts.refused += report.refused as u64;
+            self.driver_counts.refused += batch.refused.len() as u64;
         }
         let (passes, edge) = match &outcome {
             Ok(report) => (report.passes, false),
@@ -689,9 +701,11 @@ impl<S: Substrate> Harness<S> {
                 report.dispatched,
                 report.refused,
                 batch.operations.len(),
+                batch.refused.len(),
             ))?;
         }
-        self.check_drive(&pre, edge)?;
+        let refused = std::mem::take(&mut batch.refused);
+        self.check_drive(&pre, edge, &refused)?;
         if !edge && !self.edges_reached {
             self.check_breakers(&pre)?;
         }
@@ -721,6 +735,7 @@ impl<S: Substrate> Harness<S> {
         let mut report = DriveReport::default();
         while report.passes < provisioning::driver::MAX_PASSES_PER_DRIVE {
             let before = oracle::pass_before(self.driver.state());
+            let refused_before = batch.refused.len();
             let first = report.passes == 0;
             // While the pass is open, a fold must be refused and change
             // nothing: the timeout of the first pending operation, at its
@@ -765,6 +780,10 @@ impl<S: Substrate> Harness<S> {
                 Ok(None) => break,
                 Err(error) => return Ok(Some(Err(error))),
             };
+            let refused_here: BTreeMap<LogicalNodeId, EffectKind> = batch.refused[refused_before..]
+                .iter()
+                .map(|op| (op.node.clone(), op.kind()))
+                .collect();
             report.passes += 1;
             report.dispatched += pass.dispatched;
             report.refused += pass.refused;
@@ -803,6 +822,7 @@ impl<S: Substrate> Harness<S> {
                 self.now,
                 full_expected,
                 &holds,
+                &refused_here,
             );
             match verdict {
                 Ok((pass_held, took)) => {
@@ -908,7 +928,16 @@ impl<S: Substrate> Harness<S> {
         Ok(())
     }
 
-    fn check_drive(&mut self, pre: &ClusterState, edge: bool) -> Result<(), Violation> {
+    fn check_drive(
+        &mut self,
+        pre: &ClusterState,
+        edge: bool,
+        refused: &[provisioning::Operation],
+    ) -> Result<(), Violation> {
+        // A refused submission is folded inside the pass, as a definite
+        // failure of its operation: its node is held to the fold checks
+        // (below), not to the rule that passes keep retry bookkeeping.
+        let folded_here: BTreeSet<&LogicalNodeId> = refused.iter().map(|op| &op.node).collect();
         let now = self.now;
         let policy = *self.driver.policy();
         let post = self.driver.state();
@@ -942,20 +971,44 @@ impl<S: Substrate> Harness<S> {
         let mut replacements = 0;
         let mut scale_downs = 0;
         for change in oracle::slot_changes(pre, post) {
+            let folded = folded_here.contains(change.id);
             verdict = verdict
                 .and_then(|()| oracle::g07_attempts_end_only_when_empty(&change, desired, now))
                 .and_then(|()| oracle::g12_not_destroyed_while_ambiguous(&change))
-                .and_then(|()| oracle::g12_passes_keep_retry_bookkeeping(&change))
                 .and_then(|()| {
-                    oracle::g17_only_undesired_drifted_or_failed_nodes_are_deleted(&change, desired)
+                    if folded {
+                        Ok(())
+                    } else {
+                        oracle::g12_passes_keep_retry_bookkeeping(&change)
+                    }
+                })
+                .and_then(|()| {
+                    // A refusal folded in the pass may have failed the node
+                    // that a later pass of the drive began to tear down.
+                    let failed_here =
+                        folded && change.after.is_some_and(|a| a.record.failure.is_some());
+                    if failed_here {
+                        Ok(())
+                    } else {
+                        oracle::g17_only_undesired_drifted_or_failed_nodes_are_deleted(
+                            &change, desired,
+                        )
+                    }
                 });
             if !edge {
                 verdict = verdict
-                    .and_then(|()| oracle::g10_failed_attempt_starts_cleanup(&change, now))
+                    .and_then(|()| {
+                        if folded {
+                            Ok(())
+                        } else {
+                            oracle::g10_failed_attempt_starts_cleanup(&change, now)
+                        }
+                    })
                     .and_then(|()| {
                         // Near the end of the clock a cleanup step may have
                         // no deadline to be dispatched with (G13's edge).
-                        if self.edges_reached {
+                        // (A refused cleanup step was dispatched, and folded.)
+                        if self.edges_reached || folded {
                             Ok(())
                         } else {
                             oracle::g10_deletion_proceeds_at_once(&change, now)
@@ -963,7 +1016,11 @@ impl<S: Substrate> Harness<S> {
                     })
                     .and_then(|()| {
                         let failures = &self.failures;
-                        oracle::g09_passes_keep_failure_counts(&change, failures)
+                        if folded {
+                            Ok(())
+                        } else {
+                            oracle::g09_passes_keep_failure_counts(&change, failures)
+                        }
                     });
             }
             if let (Some(before), Some(after)) = (change.before, change.after) {
@@ -1024,6 +1081,61 @@ impl<S: Substrate> Harness<S> {
                 self.vacuity.cleanup_retries += 1;
             }
             self.ever_pending.insert(dispatch.pending.id);
+        }
+        // Each refused operation, as the definite failure it was folded as:
+        // the fold checks (the kit's failure count, the breaker, the
+        // backoff) hold for it as for one delivered.
+        for (index, op) in refused.iter().enumerate() {
+            // A node inserted by the drive was new, with nothing counted.
+            let inserted = || {
+                self.driver
+                    .state()
+                    .nodes
+                    .get(&op.node)
+                    .map(|n| ManagedNode {
+                        retry: provisioning::state::RetryState::default(),
+                        ..n.clone()
+                    })
+            };
+            let Some(before) = pre.nodes.get(&op.node).cloned().or_else(inserted) else {
+                continue;
+            };
+            // The driver's breakers already hold every refusal of the
+            // drive: the kit's model is compared once it folded them all.
+            self.more_refusals_to_fold = refused[index + 1..]
+                .iter()
+                .any(|other| other.node.group() == op.node.group());
+            let result = ExecutorResult {
+                op: op.id,
+                node: op.node.clone(),
+                kind: op.kind(),
+                outcome: Err(provisioning::EffectError::definite(
+                    "submission refused: the host's outbox is full",
+                )),
+            };
+            // G12 (refusal form): a refusal is the host's answer, not the
+            // provider's: what the provider may have done stays remembered.
+            let forgot =
+                before.retry.ambiguous.is_some()
+                    && self.driver.state().nodes.get(&op.node).is_some_and(|n| {
+                        n.attempt == before.attempt && n.retry.ambiguous.is_none()
+                    });
+            if forgot {
+                self.more_refusals_to_fold = false;
+                return Err(self.violation(breach(
+                    GuaranteeId::AdoptBeforeDestroy,
+                    format!(
+                        "{} forgot the ambiguous {:?} when the host refused {} {}: the provider never saw the refused operation",
+                        op.node,
+                        before.retry.ambiguous,
+                        op.kind(),
+                        op.id
+                    ),
+                )));
+            }
+            let checked = self.check_fold(&op.node, &before, &FoldCause::Result(&result));
+            self.more_refusals_to_fold = false;
+            checked?;
         }
         Ok(())
     }
@@ -1265,6 +1377,9 @@ impl<S: Substrate> Harness<S> {
             let group = id.group();
             self.breaker_watch
                 .fold(group, before, after, &self.limits, self.now);
+        }
+        if !self.edges_reached && !self.more_refusals_to_fold {
+            let group = id.group();
             let said = self.driver.breaker_open(group, self.now);
             let verdict = self.breaker_watch.agrees(group, said, &self.limits);
             self.check(verdict)?;

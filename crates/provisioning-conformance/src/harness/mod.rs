@@ -209,6 +209,9 @@ pub struct Vacuity {
     /// a newer one of its attempt the executor started (the kit's count of
     /// skips at a submission; informational).
     pub skipped_at_submission: u64,
+    /// The host's sink refused an operation
+    /// ([`Input::Refuse`](crate::trace::Input::Refuse); informational).
+    pub refusals: u64,
     /// An operation was handed to the executor a second time
     /// ([`Input::Resubmit`](crate::trace::Input::Resubmit); informational).
     pub resubmissions: u64,
@@ -263,6 +266,7 @@ impl Vacuity {
             ("resubmission", self.resubmissions),
             ("queued submission", self.queued_submissions),
             ("skipped at a submission", self.skipped_at_submission),
+            ("refused submission", self.refusals),
         ]
     }
 
@@ -290,6 +294,7 @@ impl Vacuity {
         self.resubmissions += other.resubmissions;
         self.queued_submissions += other.queued_submissions;
         self.skipped_at_submission += other.skipped_at_submission;
+        self.refusals += other.refusals;
     }
 }
 
@@ -593,6 +598,11 @@ struct Harness<S: Substrate> {
     /// The limits the trace set, as the kit models them (the oracle's G29
     /// checks read these, never the driver's).
     limits: provisioning::Limits,
+    /// Armed `refuse` inputs, for the next drives' sinks.
+    refusals: Vec<Option<provisioning::EffectKind>>,
+    /// While the refusals of a drive are folded in the kit's models: a
+    /// later one of the same group is still to come.
+    more_refusals_to_fold: bool,
     history_watch: HistoryWatch,
     /// The kit's own model of each group's breaker (G30, hold form).
     breaker_watch: breaker::BreakerWatch,
