@@ -2034,25 +2034,45 @@ pub(crate) fn g26_write_carries_the_clock(
 /// stale or not removed, or a meta not written when it changed, would come
 /// back wrong after a crash.
 pub(crate) fn g26_journal_holds_durable_state(
-    journal: &provisioning::DurableState,
+    journal_meta: &provisioning::DurableMeta,
+    journal: &BTreeMap<LogicalNodeId, provisioning::DurableEntry>,
     driver: &provisioning::DurableState,
 ) -> Verdict {
-    let mut meta = journal.meta.clone();
-    meta.written_at = driver.meta.written_at;
-    let problem = if meta != driver.meta {
+    // Every field but the writer's clock, compared in place.
+    let provisioning::DurableMeta {
+        format,
+        desired,
+        observed_generation,
+        next_attempt,
+        written_at: _,
+        breakers,
+    } = journal_meta;
+    let same_meta = *format == driver.meta.format
+        && *desired == driver.meta.desired
+        && *observed_generation == driver.meta.observed_generation
+        && *next_attempt == driver.meta.next_attempt
+        && *breakers == driver.meta.breakers;
+    // The common case first: the same nodes in the same (id) order.
+    let same_nodes = journal.len() == driver.nodes.len()
+        && journal
+            .iter()
+            .zip(&driver.nodes)
+            .all(|((id, held), has)| *id == has.node.node && held == has);
+    let problem = if same_meta && same_nodes {
+        None
+    } else if !same_meta {
         Some(format!(
-            "its meta is {meta:?}, but the driver's is {:?}",
+            "its meta is {journal_meta:?}, but the driver's is {:?}",
             driver.meta
         ))
     } else {
-        let held: BTreeMap<&LogicalNodeId, &provisioning::DurableEntry> =
-            journal.nodes.iter().map(|e| (&e.node.node, e)).collect();
         let has: BTreeMap<&LogicalNodeId, &provisioning::DurableEntry> =
             driver.nodes.iter().map(|e| (&e.node.node, e)).collect();
-        held.keys()
-            .chain(has.keys())
-            .find(|id| held.get(*id) != has.get(*id))
-            .map(|id| match (held.get(id), has.get(id)) {
+        journal
+            .keys()
+            .chain(has.keys().copied())
+            .find(|id| journal.get(*id) != has.get(*id).copied())
+            .map(|id| match (journal.get(id), has.get(id)) {
                 (Some(_), None) => format!("it still holds {id}, which the driver no longer has"),
                 (None, Some(_)) => format!("it lacks {id}, which the driver has"),
                 (old, new) => format!(
