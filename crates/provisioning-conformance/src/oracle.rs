@@ -516,6 +516,9 @@ pub(crate) struct ExecutorSeen {
     /// reached the backend, and were overtaken by a newer submission the
     /// executor said it started.
     pub(crate) skipped_at_submission: u64,
+    /// Operations that waited behind an older one of their attempt, never
+    /// reached the backend, and expired through the executor.
+    pub(crate) skipped_at_expiry: u64,
 }
 
 /// G04 (result count form): the executor's result counters, which a host
@@ -532,7 +535,8 @@ pub(crate) struct ExecutorSeen {
 /// - an operation it said it started and whose task ran without reaching
 ///   the backend was skipped, and so was one that waited behind an older
 ///   operation of its attempt, never reached the backend, and was
-///   overtaken by a newer one it said it started.
+///   overtaken by a newer one it said it started or queued, or expired
+///   through it.
 pub(crate) fn g04_executor_accounts_for_its_results(
     counters: &provisioning::executor::ExecutorCounters,
     seen: &ExecutorSeen,
@@ -582,13 +586,17 @@ pub(crate) fn g04_executor_accounts_for_its_results(
     )?;
     let never = seen.started_never_called.unwrap_or(0);
     ensure(
-        counters.skipped >= never.saturating_add(seen.skipped_at_submission),
+        counters.skipped
+            >= never
+                .saturating_add(seen.skipped_at_submission)
+                .saturating_add(seen.skipped_at_expiry),
         guarantee,
         || {
             format!(
-                "the executor counts {} operations skipped, but {} operations that waited behind an older one were overtaken by a newer one it said it started, and {} operations it said it started never reached the backend{}",
+                "the executor counts {} operations skipped, but {} operations that waited behind an older one were overtaken by a newer one it said it started or queued, {} expired through it while they waited, and {} operations it said it started never reached the backend{}",
                 counters.skipped,
                 seen.skipped_at_submission,
+                seen.skipped_at_expiry,
                 never,
                 if seen.started_never_called.is_some() {
                     ", with no work left to run"
@@ -3087,6 +3095,7 @@ mod tests {
             panics: 1,
             started_never_called: Some(1),
             skipped_at_submission: 1,
+            skipped_at_expiry: 0,
         };
         assert!(g04_executor_accounts_for_its_results(&counters, &seen).is_ok());
         let broken = [
@@ -3110,6 +3119,10 @@ mod tests {
             },
             ExecutorSeen {
                 skipped_at_submission: 2,
+                ..seen
+            },
+            ExecutorSeen {
+                skipped_at_expiry: 1,
                 ..seen
             },
         ];

@@ -525,7 +525,11 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
                 older.expired = true;
                 let (open, gate) = oneshot::channel();
                 older.gates.push(open);
-                in_flight.waiting = Some(print);
+                if in_flight.waiting.replace(print).is_some() {
+                    // The operation that waited before this one never
+                    // reaches the backend now: its task finds it replaced.
+                    counters.skipped += 1;
+                }
                 counters.waited += 1;
                 Some(gate)
             }
@@ -579,6 +583,9 @@ impl<B: EffectBackend + ?Sized> IdempotentEffectExecutor<B> {
             running.expired = true;
             running.print.clone()
         } else if in_flight.waiting.as_ref().is_some_and(|w| w.id == op) {
+            // It waited behind an older operation: it never reaches the
+            // backend now.
+            counters.skipped += 1;
             in_flight.waiting.take()?
         } else {
             return None;

@@ -264,6 +264,34 @@ fn expiring_a_waiting_operation_means_it_never_runs() {
     spawner.run_all(RunOrder::Fifo);
     assert_eq!(*exec.backend().calls.lock().unwrap(), [create(1, 1).id]);
     assert!(exec.take_results().is_empty());
+    assert_eq!(
+        exec.counters().skipped,
+        1,
+        "it expired before its call started"
+    );
+    assert_eq!(exec.counters().expired, 2);
+}
+
+#[test]
+fn a_waiting_operation_replaced_by_a_newer_one_never_runs_and_counts_as_skipped() {
+    let (exec, spawner) = setup();
+    let release = exec.backend().hold(create(1, 1).id);
+    exec.submit(create(1, 1)).unwrap();
+    spawner.run_all(RunOrder::Fifo);
+    exec.expire(create(1, 1).id).unwrap();
+    assert_eq!(exec.submit(create(1, 2)), Ok(Submitted::Queued));
+    assert_eq!(exec.submit(create(1, 3)), Ok(Submitted::Queued));
+    release.send(()).unwrap();
+    spawner.run_all(RunOrder::Fifo);
+    assert_eq!(
+        *exec.backend().calls.lock().unwrap(),
+        [create(1, 1).id, create(1, 3).id]
+    );
+    let results = exec.take_results();
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].op, create(1, 3).id);
+    let counters = exec.counters();
+    assert_eq!((counters.skipped, counters.waited), (1, 2));
 }
 
 #[test]

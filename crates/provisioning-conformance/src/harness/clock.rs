@@ -142,7 +142,10 @@ impl<S: Substrate> Harness<S> {
             self.executor_watch.expired.insert(item.op);
             let watch = &mut self.executor_watch;
             if watch.waiting_behind.get(&item.op.attempt()) == Some(&item.op) {
+                // It waited, never called: expired now, it never will be.
                 watch.waiting_behind.remove(&item.op.attempt());
+                watch.skipped_at_expiry += 1;
+                self.vacuity.skipped_at_expiry += 1;
             }
         } else if via_executor && self.strict_calls {
             // With a deterministic substrate every result of work that ran

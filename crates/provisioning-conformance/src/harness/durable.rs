@@ -749,36 +749,39 @@ impl<S: Substrate> Harness<S> {
     /// Notes what `submitted` says of `operation` for the kit's count of
     /// skipped operations: one said started waits for its call; one said
     /// queued waits behind its attempt's older operation; and one said
-    /// started while an older one of its attempt still waited (never called
-    /// yet, not expired through the executor) means that older one was
-    /// skipped — it must never reach the backend after a newer one.
+    /// started or queued while an older one of its attempt still waited
+    /// (never called yet, not expired through the executor) means that
+    /// older one was skipped — it must never reach the backend after a
+    /// newer one.
     fn watch_waiting(&mut self, operation: &Operation, submitted: Submitted) {
         let attempt = operation.attempt();
-        match submitted {
+        let older = match submitted {
             Submitted::Started => {
                 self.executor_watch.awaiting_call.insert(operation.id);
-                if let Some(older) = self.executor_watch.waiting_behind.remove(&attempt) {
-                    // A call may have started since the harness last took
-                    // the starts (a pass between deliveries submits).
-                    let called = self
-                        .durable
-                        .control
-                        .lock()
-                        .starts
-                        .iter()
-                        .any(|s| s.op == older);
-                    if !called {
-                        self.executor_watch.skipped_at_submission += 1;
-                        self.vacuity.skipped_at_submission += 1;
-                    }
-                }
+                self.executor_watch.waiting_behind.remove(&attempt)
             }
-            Submitted::Queued => {
-                self.executor_watch
-                    .waiting_behind
-                    .insert(attempt, operation.id);
+            // A newer operation queued in its place: the older one no
+            // longer waits either.
+            Submitted::Queued => self
+                .executor_watch
+                .waiting_behind
+                .insert(attempt, operation.id),
+            Submitted::AlreadyRunning | Submitted::Replayed => None,
+        };
+        if let Some(older) = older {
+            // A call may have started since the harness last took the
+            // starts (a pass between deliveries submits).
+            let called = self
+                .durable
+                .control
+                .lock()
+                .starts
+                .iter()
+                .any(|s| s.op == older);
+            if !called {
+                self.executor_watch.skipped_at_submission += 1;
+                self.vacuity.skipped_at_submission += 1;
             }
-            Submitted::AlreadyRunning | Submitted::Replayed => {}
         }
     }
 
@@ -907,6 +910,7 @@ impl<S: Substrate> Harness<S> {
         self.executor_watch.awaiting_call.clear();
         self.executor_watch.waiting_behind.clear();
         self.executor_watch.skipped_at_submission = 0;
+        self.executor_watch.skipped_at_expiry = 0;
         self.executor_watch.notified = Arc::new(AtomicU64::new(0));
         // An acknowledgement folded after the last commit died with the
         // controller: the recovered one may report that convergence again.

@@ -1559,6 +1559,7 @@ impl<S: Substrate> Harness<S> {
                 started_never_called: (!self.substrate.has_runnable_work())
                     .then_some(watch.awaiting_call.len() as u64),
                 skipped_at_submission: watch.skipped_at_submission,
+                skipped_at_expiry: watch.skipped_at_expiry,
             }
         };
         self.check(oracle::g04_executor_accounts_for_its_results(

@@ -206,9 +206,12 @@ pub struct Vacuity {
     /// was still running (the executor answered "queued"; informational).
     pub queued_submissions: u64,
     /// A queued operation that never reached the backend was overtaken by
-    /// a newer one of its attempt the executor started (the kit's count of
-    /// skips at a submission; informational).
+    /// a newer one of its attempt the executor started or queued (the
+    /// kit's count of skips at a submission; informational).
     pub skipped_at_submission: u64,
+    /// A queued operation that never reached the backend expired through
+    /// the executor (the kit's count of skips at an expiry; informational).
+    pub skipped_at_expiry: u64,
     /// The host's sink refused an operation
     /// ([`Input::Refuse`](crate::trace::Input::Refuse); informational).
     pub refusals: u64,
@@ -266,6 +269,7 @@ impl Vacuity {
             ("resubmission", self.resubmissions),
             ("queued submission", self.queued_submissions),
             ("skipped at a submission", self.skipped_at_submission),
+            ("skipped at an expiry", self.skipped_at_expiry),
             ("refused submission", self.refusals),
         ]
     }
@@ -294,6 +298,7 @@ impl Vacuity {
         self.resubmissions += other.resubmissions;
         self.queued_submissions += other.queued_submissions;
         self.skipped_at_submission += other.skipped_at_submission;
+        self.skipped_at_expiry += other.skipped_at_expiry;
         self.refusals += other.refusals;
     }
 }
@@ -469,9 +474,13 @@ struct ExecutorWatch {
     /// the executor: it still waits behind the attempt's older operation.
     waiting_behind: BTreeMap<NodeAttemptId, OperationId>,
     /// Operations it must have skipped when a newer one of their attempt
-    /// was submitted: it answered the newer one as started while the older
-    /// one still waited, so the older one can never reach the backend.
+    /// was submitted: it answered the newer one as started or queued while
+    /// the older one still waited, so the older one can never reach the
+    /// backend.
     skipped_at_submission: u64,
+    /// Operations it must have skipped when they expired through it while
+    /// they waited behind an older one: they can never reach the backend.
+    skipped_at_expiry: u64,
     /// How many times it said a result was ready to be taken.
     notified: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Submissions handed to it so far, to take turns between its
