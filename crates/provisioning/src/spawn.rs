@@ -5,7 +5,7 @@
 //! use [`ManualSpawner`], which runs nothing until asked and then runs queued
 //! work in a chosen order, deterministically.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -51,7 +51,7 @@ impl Wake for TaskWaker {
     fn wake_by_ref(self: &Arc<Self>) {
         if let Some(queue) = self.queue.upgrade() {
             let mut queue = queue.lock().unwrap_or_else(PoisonError::into_inner);
-            if queue.tasks.contains_key(&self.id) {
+            if queue.tasks.contains(self.id) {
                 queue.ready.insert(self.id);
             }
         }
@@ -61,10 +61,98 @@ impl Wake for TaskWaker {
 #[derive(Default)]
 struct ManualQueue {
     next_id: u64,
-    /// Every unfinished task; the future is `None` while it is being polled.
-    tasks: BTreeMap<u64, Option<BoxFuture<'static, ()>>>,
+    /// Every unfinished task.
+    tasks: TaskTable,
     /// Tasks spawned or woken since their last poll.
     ready: BTreeSet<u64>,
+}
+
+/// Where a task is.
+enum Slot {
+    /// Waiting for its next poll.
+    Queued(BoxFuture<'static, ()>),
+    /// Taken out to be polled.
+    Polling,
+    /// Done (or dropped by [`ManualSpawner::clear`]).
+    Finished,
+}
+
+/// The unfinished tasks by id. Ids are handed out in order, so task `id`
+/// is at `slots[id - first]`: spawning appends, and finished tasks leave a
+/// [`Slot::Finished`] behind until every older task has finished too (the
+/// slots then go from the front). A lookup is an index, not a tree search;
+/// the table holds one slot per task spawned since the oldest unfinished
+/// one.
+#[derive(Default)]
+struct TaskTable {
+    first: u64,
+    slots: VecDeque<Slot>,
+    live: usize,
+}
+
+impl TaskTable {
+    fn slot(&mut self, id: u64) -> Option<&mut Slot> {
+        let index = usize::try_from(id.checked_sub(self.first)?).ok()?;
+        self.slots.get_mut(index)
+    }
+
+    /// Adds task `id`, the next id after every one added before.
+    fn push(&mut self, id: u64, task: BoxFuture<'static, ()>) {
+        debug_assert_eq!(id, self.first + self.slots.len() as u64);
+        self.slots.push_back(Slot::Queued(task));
+        self.live += 1;
+    }
+
+    fn contains(&mut self, id: u64) -> bool {
+        matches!(self.slot(id), Some(Slot::Queued(_) | Slot::Polling))
+    }
+
+    /// Takes task `id` out to be polled.
+    fn take(&mut self, id: u64) -> Option<BoxFuture<'static, ()>> {
+        let slot = self.slot(id)?;
+        match std::mem::replace(slot, Slot::Polling) {
+            Slot::Queued(task) => Some(task),
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+
+    /// Puts a polled task back; `Err` gives it back when the task was
+    /// dropped meanwhile (the table was cleared).
+    fn put_back(
+        &mut self,
+        id: u64,
+        task: BoxFuture<'static, ()>,
+    ) -> Result<(), BoxFuture<'static, ()>> {
+        match self.slot(id) {
+            Some(slot @ Slot::Polling) => {
+                *slot = Slot::Queued(task);
+                Ok(())
+            }
+            _ => Err(task),
+        }
+    }
+
+    /// Marks a polled task done.
+    fn finish(&mut self, id: u64) {
+        if let Some(slot @ Slot::Polling) = self.slot(id) {
+            *slot = Slot::Finished;
+            self.live -= 1;
+            while matches!(self.slots.front(), Some(Slot::Finished)) {
+                self.slots.pop_front();
+                self.first += 1;
+            }
+        }
+    }
+
+    /// Takes every task out; the next id added is `next`.
+    fn clear(&mut self, next: u64) -> VecDeque<Slot> {
+        self.first = next;
+        self.live = 0;
+        std::mem::take(&mut self.slots)
+    }
 }
 
 /// A deterministic spawner: tasks run only when the owner says so.
@@ -90,7 +178,7 @@ impl Spawner for ManualSpawner {
         let mut queue = self.lock();
         let id = queue.next_id;
         queue.next_id += 1;
-        queue.tasks.insert(id, Some(task));
+        queue.tasks.push(id, task);
         queue.ready.insert(id);
     }
 }
@@ -107,7 +195,7 @@ impl ManualSpawner {
 
     /// Tasks not yet finished, ready or parked.
     pub fn len(&self) -> usize {
-        self.lock().tasks.len()
+        self.lock().tasks.live
     }
 
     /// Whether no task is left.
@@ -167,14 +255,15 @@ impl ManualSpawner {
         let tasks = {
             let mut queue = self.lock();
             queue.ready.clear();
-            std::mem::take(&mut queue.tasks)
+            let next = queue.next_id;
+            queue.tasks.clear(next)
         };
         drop(tasks);
     }
 
     /// Polls task `id`, which the caller already took out of the ready set.
     fn poll_task(&self, id: u64) {
-        let Some(mut future) = self.lock().tasks.get_mut(&id).and_then(Option::take) else {
+        let Some(mut future) = self.lock().tasks.take(id) else {
             return;
         };
         let waker = Waker::from(Arc::new(TaskWaker {
@@ -185,12 +274,13 @@ impl ManualSpawner {
         let done = future.as_mut().poll(&mut cx).is_ready();
         let mut queue = self.lock();
         if done {
-            queue.tasks.remove(&id);
+            queue.tasks.finish(id);
             queue.ready.remove(&id);
             drop(queue);
             drop(future);
-        } else if let Some(slot) = queue.tasks.get_mut(&id) {
-            *slot = Some(future);
+        } else if let Err(dropped) = queue.tasks.put_back(id, future) {
+            drop(queue);
+            drop(dropped);
         }
     }
 }
@@ -255,6 +345,59 @@ mod tests {
         waker.lock().unwrap().take().unwrap().wake();
         assert_eq!(spawner.run_all(RunOrder::Fifo), 1);
         assert_eq!(finished.load(Ordering::SeqCst), 1);
+        assert!(spawner.is_empty());
+    }
+
+    #[test]
+    fn a_parked_old_task_holds_the_table_until_it_finishes_and_clear_drops_all() {
+        let open = Arc::new(AtomicBool::new(false));
+        let waker = Arc::new(Mutex::new(None));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let spawner = ManualSpawner::new();
+        let (o, w, l) = (open.clone(), waker.clone(), log.clone());
+        spawner.spawn(Box::pin(async move {
+            std::future::poll_fn(|cx| {
+                if o.load(Ordering::SeqCst) {
+                    Poll::Ready(())
+                } else {
+                    *w.lock().unwrap() = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            })
+            .await;
+            l.lock().unwrap().push(0);
+        }));
+        for v in 1..=3 {
+            spawner.spawn(recorder(&log, v));
+        }
+        assert_eq!(spawner.run_all(RunOrder::Lifo), 4);
+        assert_eq!(*log.lock().unwrap(), [3, 2, 1]);
+        assert_eq!(spawner.len(), 1, "only the parked task is left");
+        assert_eq!(
+            spawner.lock().tasks.slots.len(),
+            4,
+            "the slots behind the oldest unfinished task wait for it"
+        );
+        open.store(true, Ordering::SeqCst);
+        waker.lock().unwrap().take().unwrap().wake();
+        assert_eq!(spawner.run_all(RunOrder::Fifo), 1);
+        assert!(spawner.is_empty());
+        assert!(spawner.lock().tasks.slots.is_empty(), "compacted");
+        // A waker of a finished task wakes nothing.
+        let stale = Waker::from(Arc::new(TaskWaker {
+            id: 0,
+            queue: Arc::downgrade(&spawner.queue),
+        }));
+        stale.wake_by_ref();
+        assert_eq!(spawner.ready_count(), 0);
+        // Cleared tasks are dropped unrun; ids go on from where they were.
+        spawner.spawn(recorder(&log, 5));
+        spawner.spawn(recorder(&log, 6));
+        spawner.clear();
+        assert!(spawner.is_empty());
+        spawner.spawn(recorder(&log, 7));
+        assert_eq!(spawner.run_all(RunOrder::Fifo), 1);
+        assert_eq!(*log.lock().unwrap(), [3, 2, 1, 0, 7]);
         assert!(spawner.is_empty());
     }
 }
