@@ -519,6 +519,9 @@ pub(crate) struct ExecutorSeen {
     /// Operations that waited behind an older one of their attempt, never
     /// reached the backend, and expired through the executor.
     pub(crate) skipped_at_expiry: u64,
+    /// Operations it answered as started or queued that the kit has not
+    /// seen reach the backend: the most it can have skipped.
+    pub(crate) uncalled: u64,
 }
 
 /// G04 (result count form): the executor's result counters, which a host
@@ -536,7 +539,8 @@ pub(crate) struct ExecutorSeen {
 ///   the backend was skipped, and so was one that waited behind an older
 ///   operation of its attempt, never reached the backend, and was
 ///   overtaken by a newer one it said it started or queued, or expired
-///   through it.
+///   through it; and nothing else was: it skipped no more operations than
+///   it took (started or queued) and never called.
 pub(crate) fn g04_executor_accounts_for_its_results(
     counters: &provisioning::executor::ExecutorCounters,
     seen: &ExecutorSeen,
@@ -605,7 +609,13 @@ pub(crate) fn g04_executor_accounts_for_its_results(
                 }
             )
         },
-    )
+    )?;
+    ensure(counters.skipped <= seen.uncalled, guarantee, || {
+        format!(
+            "the executor counts {} operations skipped, but only {} operations it took (started or queued) have not reached the backend",
+            counters.skipped, seen.uncalled
+        )
+    })
 }
 
 /// G13 (panic form): the result of a call whose backend panicked is a
@@ -3096,6 +3106,7 @@ mod tests {
             started_never_called: Some(1),
             skipped_at_submission: 1,
             skipped_at_expiry: 0,
+            uncalled: 2,
         };
         assert!(g04_executor_accounts_for_its_results(&counters, &seen).is_ok());
         let broken = [
@@ -3123,6 +3134,10 @@ mod tests {
             },
             ExecutorSeen {
                 skipped_at_expiry: 1,
+                ..seen
+            },
+            ExecutorSeen {
+                uncalled: 1,
                 ..seen
             },
         ];

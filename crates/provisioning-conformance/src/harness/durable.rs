@@ -755,6 +755,9 @@ impl<S: Substrate> Harness<S> {
     /// newer one.
     fn watch_waiting(&mut self, operation: &Operation, submitted: Submitted) {
         let attempt = operation.attempt();
+        if matches!(submitted, Submitted::Started | Submitted::Queued) {
+            self.executor_watch.uncalled.insert(operation.id);
+        }
         let older = match submitted {
             Submitted::Started => {
                 self.executor_watch.awaiting_call.insert(operation.id);
@@ -911,6 +914,7 @@ impl<S: Substrate> Harness<S> {
         self.executor_watch.waiting_behind.clear();
         self.executor_watch.skipped_at_submission = 0;
         self.executor_watch.skipped_at_expiry = 0;
+        self.executor_watch.uncalled.clear();
         self.executor_watch.notified = Arc::new(AtomicU64::new(0));
         // An acknowledgement folded after the last commit died with the
         // controller: the recovered one may report that convergence again.

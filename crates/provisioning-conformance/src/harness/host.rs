@@ -1159,6 +1159,7 @@ impl<S: Substrate> Harness<S> {
         for start in &starts {
             let watch = &mut self.executor_watch;
             watch.awaiting_call.remove(&start.op);
+            watch.uncalled.remove(&start.op);
             if watch.waiting_behind.get(&start.op.attempt()) == Some(&start.op) {
                 watch.waiting_behind.remove(&start.op.attempt());
             }
@@ -1560,6 +1561,7 @@ impl<S: Substrate> Harness<S> {
                     .then_some(watch.awaiting_call.len() as u64),
                 skipped_at_submission: watch.skipped_at_submission,
                 skipped_at_expiry: watch.skipped_at_expiry,
+                uncalled: watch.uncalled.len() as u64,
             }
         };
         self.check(oracle::g04_executor_accounts_for_its_results(

@@ -481,6 +481,9 @@ struct ExecutorWatch {
     /// Operations it must have skipped when they expired through it while
     /// they waited behind an older one: they can never reach the backend.
     skipped_at_expiry: u64,
+    /// Operations it answered as started or queued whose call the kit has
+    /// not seen reach the backend: only these can have been skipped.
+    uncalled: BTreeSet<OperationId>,
     /// How many times it said a result was ready to be taken.
     notified: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Submissions handed to it so far, to take turns between its
