@@ -87,6 +87,38 @@ impl InMemoryJournal {
             nodes: self.nodes.values().cloned().collect(),
         })
     }
+
+    /// A journal that holds `state`, as if it had been committed.
+    pub(crate) fn holding(state: &DurableState) -> Self {
+        InMemoryJournal {
+            meta: Some(state.meta.clone()),
+            nodes: state
+                .nodes
+                .iter()
+                .map(|e| (e.node.node.clone(), e.clone()))
+                .collect(),
+            commits: 0,
+        }
+    }
+
+    /// The committed meta and nodes by slot, if anything was committed.
+    pub(crate) fn held(&self) -> Option<(&DurableMeta, &BTreeMap<LogicalNodeId, DurableEntry>)> {
+        self.meta.as_ref().map(|meta| (meta, &self.nodes))
+    }
+
+    /// Applies a change set in the order of [`DurableState::apply`]:
+    /// removals, upserts, meta.
+    pub(crate) fn apply(&mut self, changes: ChangeSet) {
+        for id in &changes.removed {
+            self.nodes.remove(id);
+        }
+        for entry in changes.upserts {
+            self.nodes.insert(entry.node.node.clone(), entry);
+        }
+        if let Some(meta) = changes.meta {
+            self.meta = Some(meta);
+        }
+    }
 }
 
 impl KitJournal for InMemoryJournal {
@@ -101,16 +133,7 @@ impl KitJournal for InMemoryJournal {
                     .to_owned(),
             );
         }
-        // The order of `DurableState::apply`: removals, upserts, meta.
-        for id in &changes.removed {
-            self.nodes.remove(id);
-        }
-        for entry in &changes.upserts {
-            self.nodes.insert(entry.node.node.clone(), entry.clone());
-        }
-        if let Some(meta) = &changes.meta {
-            self.meta = Some(meta.clone());
-        }
+        self.apply(changes.clone());
         self.commits += 1;
         Ok(())
     }

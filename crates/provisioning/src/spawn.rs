@@ -60,7 +60,6 @@ impl Wake for TaskWaker {
 
 #[derive(Default)]
 struct ManualQueue {
-    next_id: u64,
     /// Every unfinished task.
     tasks: TaskTable,
     /// Tasks spawned or woken since their last poll.
@@ -91,20 +90,26 @@ struct TaskTable {
 }
 
 impl TaskTable {
+    fn index(&self, id: u64) -> Option<usize> {
+        usize::try_from(id.checked_sub(self.first)?).ok()
+    }
+
     fn slot(&mut self, id: u64) -> Option<&mut Slot> {
-        let index = usize::try_from(id.checked_sub(self.first)?).ok()?;
+        let index = self.index(id)?;
         self.slots.get_mut(index)
     }
 
-    /// Adds task `id`, the next id after every one added before.
-    fn push(&mut self, id: u64, task: BoxFuture<'static, ()>) {
-        debug_assert_eq!(id, self.first + self.slots.len() as u64);
+    /// Adds a task under the next id, which it returns.
+    fn push(&mut self, task: BoxFuture<'static, ()>) -> u64 {
+        let id = self.first + self.slots.len() as u64;
         self.slots.push_back(Slot::Queued(task));
         self.live += 1;
+        id
     }
 
-    fn contains(&mut self, id: u64) -> bool {
-        matches!(self.slot(id), Some(Slot::Queued(_) | Slot::Polling))
+    fn contains(&self, id: u64) -> bool {
+        let slot = self.index(id).and_then(|index| self.slots.get(index));
+        matches!(slot, Some(Slot::Queued(_) | Slot::Polling))
     }
 
     /// Takes task `id` out to be polled.
@@ -147,9 +152,9 @@ impl TaskTable {
         }
     }
 
-    /// Takes every task out; the next id added is `next`.
-    fn clear(&mut self, next: u64) -> VecDeque<Slot> {
-        self.first = next;
+    /// Takes every task out; ids go on from where they were.
+    fn clear(&mut self) -> VecDeque<Slot> {
+        self.first += self.slots.len() as u64;
         self.live = 0;
         std::mem::take(&mut self.slots)
     }
@@ -176,9 +181,7 @@ impl std::fmt::Debug for ManualSpawner {
 impl Spawner for ManualSpawner {
     fn spawn(&self, task: BoxFuture<'static, ()>) {
         let mut queue = self.lock();
-        let id = queue.next_id;
-        queue.next_id += 1;
-        queue.tasks.push(id, task);
+        let id = queue.tasks.push(task);
         queue.ready.insert(id);
     }
 }
@@ -255,8 +258,7 @@ impl ManualSpawner {
         let tasks = {
             let mut queue = self.lock();
             queue.ready.clear();
-            let next = queue.next_id;
-            queue.tasks.clear(next)
+            queue.tasks.clear()
         };
         drop(tasks);
     }
@@ -395,6 +397,7 @@ mod tests {
         spawner.spawn(recorder(&log, 6));
         spawner.clear();
         assert!(spawner.is_empty());
+        assert_eq!(spawner.lock().tasks.first, 6, "no id is handed out twice");
         spawner.spawn(recorder(&log, 7));
         assert_eq!(spawner.run_all(RunOrder::Fifo), 1);
         assert_eq!(*log.lock().unwrap(), [3, 2, 1, 0, 7]);

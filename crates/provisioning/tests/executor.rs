@@ -14,8 +14,8 @@ use provisioning::executor::{EffectBackend, Submitted};
 use provisioning::id::OperationSequence;
 use provisioning::spawn::BoxFuture;
 use provisioning::{
-    Disposition, EffectError, EffectKind, EffectOutput, IdempotentEffectExecutor, LogicalNodeSpec,
-    ManualSpawner, NodeAttemptId, Operation, OperationId, RunId, RunOrder,
+    Disposition, EffectError, EffectKind, EffectOutput, ExecutorResult, IdempotentEffectExecutor,
+    LogicalNodeSpec, ManualSpawner, NodeAttemptId, Operation, OperationId, RunId, RunOrder,
 };
 
 /// A backend whose calls can be held until released, that counts live
@@ -98,6 +98,22 @@ fn setup() -> (IdempotentEffectExecutor<GatedBackend>, ManualSpawner) {
     (exec, spawner)
 }
 
+/// An executor whose `create(1, 1)` expired while its backend call is still
+/// held; the sender releases the call, the result is the expiry's.
+fn expired_while_running() -> (
+    IdempotentEffectExecutor<GatedBackend>,
+    ManualSpawner,
+    oneshot::Sender<()>,
+    ExecutorResult,
+) {
+    let (exec, spawner) = setup();
+    let release = exec.backend().hold(create(1, 1).id);
+    exec.submit(create(1, 1)).unwrap();
+    spawner.run_all(RunOrder::Fifo);
+    let timeout = exec.expire(create(1, 1).id).expect("in flight");
+    (exec, spawner, release, timeout)
+}
+
 #[test]
 fn a_completed_operation_submitted_again_replays_its_result_without_running_again() {
     let (exec, spawner) = setup();
@@ -157,11 +173,7 @@ fn an_operation_older_than_one_already_submitted_for_its_attempt_is_refused() {
 
 #[test]
 fn a_new_operation_waits_behind_an_expired_one_that_is_still_running() {
-    let (exec, spawner) = setup();
-    let release = exec.backend().hold(create(1, 1).id);
-    exec.submit(create(1, 1)).unwrap();
-    spawner.run_all(RunOrder::Fifo);
-    let timeout = exec.expire(create(1, 1).id).expect("in flight");
+    let (exec, spawner, release, timeout) = expired_while_running();
     assert_eq!(
         timeout.outcome.unwrap_err().disposition,
         Disposition::Ambiguous
@@ -253,11 +265,7 @@ fn expiry_is_ambiguous_reported_once_and_the_late_completion_is_dropped() {
 
 #[test]
 fn expiring_a_waiting_operation_means_it_never_runs() {
-    let (exec, spawner) = setup();
-    let release = exec.backend().hold(create(1, 1).id);
-    exec.submit(create(1, 1)).unwrap();
-    spawner.run_all(RunOrder::Fifo);
-    exec.expire(create(1, 1).id).unwrap();
+    let (exec, spawner, release, _) = expired_while_running();
     exec.submit(create(1, 2)).unwrap();
     assert!(exec.expire(create(1, 2).id).is_some());
     release.send(()).unwrap();
@@ -274,11 +282,7 @@ fn expiring_a_waiting_operation_means_it_never_runs() {
 
 #[test]
 fn a_waiting_operation_replaced_by_a_newer_one_never_runs_and_counts_as_skipped() {
-    let (exec, spawner) = setup();
-    let release = exec.backend().hold(create(1, 1).id);
-    exec.submit(create(1, 1)).unwrap();
-    spawner.run_all(RunOrder::Fifo);
-    exec.expire(create(1, 1).id).unwrap();
+    let (exec, spawner, release, _) = expired_while_running();
     assert_eq!(exec.submit(create(1, 2)), Ok(Submitted::Queued));
     assert_eq!(exec.submit(create(1, 3)), Ok(Submitted::Queued));
     release.send(()).unwrap();

@@ -31,6 +31,7 @@ use provisioning::{
 
 use super::Harness;
 use crate::guarantee::{GuaranteeId, Violation};
+use crate::journal::InMemoryJournal;
 use crate::oracle::{self, breach};
 use crate::substrate::{LiveResources, ResourceKey, Substrate};
 use crate::trace::WorkStep;
@@ -78,28 +79,6 @@ impl Default for HostOptions {
             collect_orphans: true,
             orphan_grace: DEFAULT_ORPHAN_GRACE,
             orphan_scan_interval: DEFAULT_ORPHAN_SCAN_INTERVAL,
-        }
-    }
-}
-
-/// The kit's own copy of what the journal holds: every committed change set
-/// applied, as storage would.
-#[derive(Debug)]
-pub(super) struct Replica {
-    pub(super) meta: provisioning::DurableMeta,
-    pub(super) nodes: BTreeMap<LogicalNodeId, provisioning::DurableEntry>,
-}
-
-impl Replica {
-    fn apply(&mut self, changes: ChangeSet) {
-        for id in &changes.removed {
-            self.nodes.remove(id);
-        }
-        for entry in changes.upserts {
-            self.nodes.insert(entry.node.node.clone(), entry);
-        }
-        if let Some(meta) = changes.meta {
-            self.meta = meta;
         }
     }
 }
@@ -364,7 +343,7 @@ pub(super) struct DurableSide {
     /// What the journal holds, as the kit applied every committed change set
     /// itself (`None` before the first commit of a controller whose
     /// journal the kit has not read).
-    pub(super) replica: Option<Replica>,
+    pub(super) replica: Option<InMemoryJournal>,
     /// A breach found while committing, reported right after the commit.
     pub(super) commit_breach: Option<oracle::Breach>,
 }
@@ -485,11 +464,8 @@ impl<S: Substrate> Harness<S> {
                 drop(control);
                 match (&mut self.durable.replica, &changes.meta) {
                     (Some(replica), _) => replica.apply(changes),
-                    (None, Some(meta)) => {
-                        let mut fresh = Replica {
-                            meta: meta.clone(),
-                            nodes: BTreeMap::new(),
-                        };
+                    (None, Some(_)) => {
+                        let mut fresh = InMemoryJournal::new();
                         fresh.apply(changes);
                         self.durable.replica = Some(fresh);
                     }
@@ -562,7 +538,8 @@ impl<S: Substrate> Harness<S> {
             .durable
             .replica
             .iter()
-            .flat_map(|r| r.nodes.keys())
+            .filter_map(InMemoryJournal::held)
+            .flat_map(|(_, nodes)| nodes.keys())
             .filter(|id| !kept.contains(id))
             .cloned()
             .collect();
@@ -573,10 +550,10 @@ impl<S: Substrate> Harness<S> {
         })
     }
 
-    /// G26 (commit form): after a commit (every fourth), the journal as the kit applied
-    /// the change sets holds the driver's durable state — every node that
-    /// changed was written, every node that left was removed, and the meta
-    /// (shape, allocator, breakers) was written whenever it changed.
+    /// G26 (commit form): after a commit (every fourth), the journal as the
+    /// kit applied the change sets holds the driver's durable state — every
+    /// node that changed was written, every node that left was removed, and
+    /// the meta (shape, allocator, breakers) was written whenever it changed.
     fn check_replica(&mut self) {
         // Every fourth commit (the three ways rotate through the checked
         // ones): a write the driver missed stays missing in the replica
@@ -585,13 +562,19 @@ impl<S: Substrate> Harness<S> {
         if self.durable.commit_breach.is_some() || self.durable.commits % 4 != 0 {
             return;
         }
-        let (Some(replica), Some(whole)) =
-            (&self.durable.replica, self.driver.durable_state(self.now))
+        let Some((meta, nodes)) = self
+            .durable
+            .replica
+            .as_ref()
+            .and_then(InMemoryJournal::held)
         else {
             return;
         };
+        let Some(whole) = self.driver.durable_state(self.now) else {
+            return;
+        };
         self.durable.commit_breach =
-            oracle::g26_journal_holds_durable_state(&replica.meta, &replica.nodes, &whole).err();
+            oracle::g26_journal_holds_durable_state(meta, nodes, &whole).err();
     }
 
     /// Makes a drive durable and hands its operations out, in the host's
@@ -856,14 +839,7 @@ impl<S: Substrate> Harness<S> {
             .collect();
         // The journal holds what was committed: the kit's replica of it
         // starts again from what it gave back.
-        self.durable.replica = Some(Replica {
-            meta: stored.meta.clone(),
-            nodes: stored
-                .nodes
-                .iter()
-                .map(|e| (e.node.node.clone(), e.clone()))
-                .collect(),
-        });
+        self.durable.replica = Some(InMemoryJournal::holding(&stored));
         let (driver, report) = match (self.recovery)(&self.setup, stored, self.now) {
             Ok(recovered) => recovered,
             Err(RecoveryError::Clock(_)) => {
