@@ -82,6 +82,9 @@ enum Slot {
 /// slots then go from the front). A lookup is an index, not a tree search;
 /// the table holds one slot per task spawned since the oldest unfinished
 /// one.
+/// The most slots an empty table keeps room for.
+const IDLE_SLOTS: usize = 64;
+
 #[derive(Default)]
 struct TaskTable {
     first: u64,
@@ -148,6 +151,10 @@ impl TaskTable {
             while matches!(self.slots.front(), Some(Slot::Finished)) {
                 self.slots.pop_front();
                 self.first += 1;
+            }
+            if self.slots.is_empty() && self.slots.capacity() > IDLE_SLOTS {
+                // An idle spawner keeps no table sized for its largest batch.
+                self.slots = VecDeque::new();
             }
         }
     }
@@ -402,5 +409,26 @@ mod tests {
         assert_eq!(spawner.run_all(RunOrder::Fifo), 1);
         assert_eq!(*log.lock().unwrap(), [3, 2, 1, 0, 7]);
         assert!(spawner.is_empty());
+    }
+
+    #[test]
+    fn an_emptied_table_gives_back_the_room_of_its_largest_batch() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let spawner = ManualSpawner::new();
+        for v in 0..1000 {
+            spawner.spawn(recorder(&log, v));
+        }
+        assert!(spawner.lock().tasks.slots.capacity() >= 1000);
+        assert_eq!(spawner.run_all(RunOrder::Fifo), 1000);
+        assert!(spawner.is_empty());
+        assert!(
+            spawner.lock().tasks.slots.capacity() <= IDLE_SLOTS,
+            "an idle spawner holds no table for a thousand tasks"
+        );
+        // Ids go on; the table grows again as needed.
+        spawner.spawn(recorder(&log, 1000));
+        assert_eq!(spawner.lock().tasks.first, 1000);
+        assert_eq!(spawner.run_all(RunOrder::Fifo), 1);
+        assert_eq!(log.lock().unwrap().len(), 1001);
     }
 }
