@@ -1291,7 +1291,7 @@ pub(crate) fn new_dispatches(pre: &ClusterState, post: &ClusterState) -> Vec<New
         .iter()
         .filter_map(|(id, node)| {
             let pending = node.pending.as_ref()?;
-            let before = pre.nodes.get(id).and_then(ManagedNode::pending_op);
+            let before = pre.node(id).and_then(ManagedNode::pending_op);
             (before != Some(pending.id)).then(|| NewDispatch {
                 node: id.clone(),
                 pending: pending.clone(),
@@ -1440,8 +1440,8 @@ pub(crate) fn slot_changes<'a>(
     ids.into_iter()
         .map(|id| SlotChange {
             id,
-            before: pre.nodes.get(id),
-            after: post.nodes.get(id),
+            before: pre.node(id),
+            after: post.node(id),
         })
         .collect()
 }
@@ -1776,11 +1776,7 @@ pub(crate) fn g04_call_was_recorded(
     ever_pending: &BTreeSet<provisioning::OperationId>,
     strict: bool,
 ) -> Verdict {
-    let pending_now = state
-        .nodes
-        .get(&call.node)
-        .and_then(ManagedNode::pending_op)
-        == Some(call.op);
+    let pending_now = state.node(&call.node).and_then(ManagedNode::pending_op) == Some(call.op);
     let recorded = if strict {
         pending_now || timed_out.contains(&call.op)
     } else {
@@ -2362,8 +2358,7 @@ pub(crate) fn unavailable_slots(
     let ready = (0..wanted.count())
         .filter(|&i| {
             state
-                .nodes
-                .get(&LogicalNodeId::new(group.clone(), i))
+                .node(&LogicalNodeId::new(group.clone(), i))
                 .is_some_and(ManagedNode::is_ready)
         })
         .count();

@@ -329,7 +329,7 @@ pub fn for_each_slot(
         let node = if order == Ordering::Greater {
             None
         } else {
-            nodes.next().map(|(_, node)| node)
+            nodes.next().map(|(_, node)| &**node)
         };
         let spec = if order == Ordering::Less {
             None
@@ -559,7 +559,7 @@ mod tests {
                 NodeAttemptId::from_raw(attempt),
                 RetryState::default(),
             );
-            nodes.insert(id, node);
+            nodes.insert(id, Box::new(node));
         }
         let state = ClusterState {
             nodes,

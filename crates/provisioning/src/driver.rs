@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::deadlines::Deadlines;
 use crate::decide::{
     NodeAction, NodeDecision, Rule, Slot, SlotDesire, Wake, decide_slot, reconcile_node,
     walk_slots, walk_slots_skipping,
@@ -319,7 +320,7 @@ struct Schedule {
     dirty_compact_at: usize,
     timer_of: BTreeMap<LogicalNodeId, Timestamp>,
     timers: BTreeSet<(Timestamp, LogicalNodeId)>,
-    deadlines: BTreeSet<(Timestamp, LogicalNodeId)>,
+    deadlines: Deadlines,
 }
 
 impl Schedule {
@@ -417,7 +418,7 @@ pub struct ClusterDriver {
     counters: DriverCounters,
     /// Nodes inserted by the open pass, in slot order, merged into the state
     /// when it ends.
-    inserted: Vec<(LogicalNodeId, ManagedNode)>,
+    inserted: Vec<(LogicalNodeId, Box<ManagedNode>)>,
     /// `Some` once [`ClusterDriver::track_changes`] was called.
     changes: Option<ChangeTracker>,
     limits: Limits,
@@ -475,13 +476,14 @@ impl ClusterDriver {
                     .or_default() += 1;
             }
         }
-        let deadlines: Vec<_> = driver
-            .state
-            .nodes
-            .iter()
-            .filter_map(|(id, n)| n.pending.as_ref().map(|p| (p.deadline, id.clone())))
-            .collect();
-        driver.schedule.deadlines.extend(deadlines);
+        for (id, node) in &driver.state.nodes {
+            if let Some(pending) = &node.pending {
+                driver
+                    .schedule
+                    .deadlines
+                    .insert(pending.deadline, id, &driver.state.nodes);
+            }
+        }
         driver.trigger();
         driver
     }
@@ -595,7 +597,7 @@ impl ClusterDriver {
     /// folded yet, this stays in the past.
     pub fn requeue_at(&self) -> Option<Timestamp> {
         let timer = self.schedule.next_timer();
-        let deadline = self.schedule.deadlines.first().map(|(t, _)| *t);
+        let deadline = self.schedule.deadlines.first();
         match (timer, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -606,14 +608,13 @@ impl ClusterDriver {
     pub fn pending_operations_due(&self, now: Timestamp) -> Vec<DueOperation> {
         self.schedule
             .deadlines
-            .iter()
-            .take_while(|(deadline, _)| now.reached(*deadline))
+            .due(now, &self.state.nodes)
             .filter_map(|(deadline, id)| {
-                let pending = self.state.nodes.get(id)?.pending.as_ref()?;
+                let pending = self.state.nodes.get(&id)?.pending.as_ref()?;
                 Some(DueOperation {
-                    node: id.clone(),
+                    node: id,
                     op: pending.id,
-                    deadline: *deadline,
+                    deadline,
                 })
             })
             .collect()
@@ -841,9 +842,7 @@ impl ClusterDriver {
         let after = (node.record.stage == NodeStage::Failed, node.is_ready());
         let created =
             (pending.kind == EffectKind::CreateLease).then(|| node.spec.shared_template().clone());
-        self.schedule
-            .deadlines
-            .remove(&(pending.deadline, node_id.clone()));
+        self.schedule.deadlines.remove(pending.deadline);
         if let Some(template) = created {
             self.create_finished(&template.provider);
         }
@@ -1299,7 +1298,7 @@ impl ClusterDriver {
             // sized once instead of grown (and copied) a dozen times.
             decisions.reserve_exact(selected.len());
             for id in selected {
-                let node = self.state.nodes.get(&id);
+                let node = self.state.nodes.get(&id).map(|n| &**n);
                 // The slot's desired run and template, without building its
                 // spec (three shared handles cloned and dropped per node of
                 // a bring-up's every step): the id is the node's key, so only
@@ -1443,10 +1442,10 @@ impl ClusterDriver {
     }
 
     /// Adds the nodes inserted by this pass to the node map. Many at once
-    /// (a bring-up) are merged in one go into a map built afresh: its nodes
-    /// are fully packed (inserting them one by one in slot order would leave
-    /// them half empty, close to twice the memory) and allocated one after
-    /// the other, in key order, so a full pass reads them as a stream.
+    /// (a bring-up) are merged in one go into a map built afresh: its tree
+    /// nodes are fully packed (inserting them one by one in slot order would
+    /// leave them half empty) and allocated one after the other, in key
+    /// order, as the boxed nodes were, so a full pass reads both as streams.
     fn merge_inserted(&mut self) {
         let inserted = std::mem::take(&mut self.inserted);
         if inserted.len() >= BULK_MERGE_MIN.max(self.state.nodes.len() / 8) {
@@ -1492,9 +1491,9 @@ impl ClusterDriver {
                 self.note_history(id, &node, now);
                 if action == NodeAction::Insert {
                     // Merged into the map at the end of the pass.
-                    self.inserted.push((id.clone(), node));
+                    self.inserted.push((id.clone(), Box::new(node)));
                 } else {
-                    self.state.nodes.insert(id.clone(), node);
+                    self.state.nodes.insert(id.clone(), Box::new(node));
                 }
             }
             NodeAction::Reap => {
@@ -1657,7 +1656,9 @@ impl ClusterDriver {
             spec: node.spec.clone(),
             request,
         };
-        self.schedule.deadlines.insert((deadline, id.clone()));
+        self.schedule
+            .deadlines
+            .insert(deadline, id, &self.state.nodes);
         self.node_changed(id);
         if let Err(refused) = sink.submit(operation) {
             report.refused += 1;
@@ -1780,7 +1781,12 @@ impl ClusterDriver {
     pub fn durable_state(&self, now: Timestamp) -> DurableState {
         DurableState {
             meta: self.durable_meta(now),
-            nodes: self.state.nodes.values().map(durable_entry).collect(),
+            nodes: self
+                .state
+                .nodes
+                .values()
+                .map(|n| durable_entry(n))
+                .collect(),
         }
     }
 
@@ -1854,7 +1860,7 @@ impl ClusterDriver {
                 next_sequence: node.next_sequence,
                 retry: node.retry,
             };
-            if map.insert(node.node.clone(), managed).is_some() {
+            if map.insert(node.node.clone(), Box::new(managed)).is_some() {
                 return Err(RecoveryError::DuplicateNode(node.node));
             }
         }

@@ -91,6 +91,7 @@
 //! handed to a backend, and work is spawned through a [`Spawner`] the caller
 //! provides.
 
+mod deadlines;
 pub mod decide;
 pub mod driver;
 pub mod durable;

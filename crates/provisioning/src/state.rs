@@ -20,8 +20,18 @@ pub struct ClusterState {
     pub observed_generation: Option<Generation>,
     /// The per-cluster attempt counter.
     pub attempts: AttemptAllocator,
-    /// One entry per slot the driver manages, desired or not.
-    pub nodes: BTreeMap<LogicalNodeId, ManagedNode>,
+    /// One entry per slot the driver manages, desired or not. Boxed: a
+    /// bring-up's nodes are built once, where they stay, and the map (and
+    /// the batch it is built from) moves a pointer per node instead of the
+    /// whole node, twice.
+    pub nodes: BTreeMap<LogicalNodeId, Box<ManagedNode>>,
+}
+
+impl ClusterState {
+    /// The node of slot `id`, if the driver manages one.
+    pub fn node(&self, id: &LogicalNodeId) -> Option<&ManagedNode> {
+        self.nodes.get(id).map(|node| &**node)
+    }
 }
 
 /// Whether a node should exist or is being torn down.

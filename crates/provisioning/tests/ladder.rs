@@ -438,12 +438,12 @@ fn a_full_plan_visits_the_union_of_nodes_and_desired_slots_in_slot_order() {
     // g-1 is ready, g-5 is an undesired leftover, g-0 and g-2 are missing.
     let mut ready = at_stage(NodeStage::Dormant);
     ready.spec = spec("g-1", "img:1");
-    state.nodes.insert(node("g-1"), ready);
+    state.nodes.insert(node("g-1"), Box::new(ready));
     let mut waiting = at_stage(NodeStage::New);
     waiting.spec = spec("g-9", "img:1");
     waiting.retry.next_effect_at = Some(at(NOW + 5));
     waiting.intent = Intent::Deleting;
-    state.nodes.insert(node("g-9"), waiting);
+    state.nodes.insert(node("g-9"), Box::new(waiting));
     let plan = reconcile(&state, &desired, at(NOW));
     let steps: Vec<(String, NodeAction)> = plan
         .actions

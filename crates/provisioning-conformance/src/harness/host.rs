@@ -1088,14 +1088,12 @@ impl<S: Substrate> Harness<S> {
         for (index, op) in refused.iter().enumerate() {
             // A node inserted by the drive was new, with nothing counted.
             let inserted = || {
-                self.driver
-                    .state()
-                    .nodes
-                    .get(&op.node)
-                    .map(|n| ManagedNode {
+                self.driver.state().nodes.get(&op.node).map(|n| {
+                    Box::new(ManagedNode {
                         retry: provisioning::state::RetryState::default(),
-                        ..n.clone()
+                        ..(**n).clone()
                     })
+                })
             };
             let Some(before) = pre.nodes.get(&op.node).cloned().or_else(inserted) else {
                 continue;
@@ -1388,7 +1386,7 @@ impl<S: Substrate> Harness<S> {
             let verdict = self.breaker_watch.status_agrees(group, status);
             self.check(verdict)?;
         }
-        let after = self.driver.state().nodes.get(id).unwrap_or(before);
+        let after = self.driver.state().node(id).unwrap_or(before);
         let policy = self.driver.policy();
         if let FoldCause::Observation(Observation::NodeLost { .. }) = cause
             && before.intent == Intent::Deleting

@@ -1,0 +1,219 @@
+//! The deadlines of pending operations, by instant.
+//!
+//! Every dispatch registers its node under its deadline and every fold of a
+//! pending operation ends one registration there. A bring-up does both a
+//! hundred thousand times per step, and most of a step's operations share
+//! one deadline, so the index is a small map of instants, each with a list
+//! its registrations are pushed onto, instead of one ordered set of
+//! (instant, node) pairs searched on every insert and removal.
+//!
+//! A list keeps the ids of operations that ended since (folds only count
+//! down): readers check each id against the node's pending operation, and
+//! an instant is dropped as soon as none of its registrations is live. A
+//! list is compacted when it holds more than about twice its live ids, so
+//! it never outgrows what is pending by more than that.
+
+use std::collections::BTreeMap;
+
+use crate::id::LogicalNodeId;
+use crate::state::ManagedNode;
+use crate::time::Timestamp;
+
+/// Ids a list holds beyond twice its live ones before it is compacted.
+const SLACK: usize = 32;
+
+/// The pending operations' deadlines.
+#[derive(Debug, Default)]
+pub(crate) struct Deadlines {
+    at: BTreeMap<Timestamp, Registered>,
+}
+
+/// The registrations at one instant.
+#[derive(Debug, Default)]
+struct Registered {
+    /// Nodes registered here, in registration order; may hold the id of a
+    /// node whose operation ended since, or an id twice.
+    ids: Vec<LogicalNodeId>,
+    /// Registrations not yet ended.
+    live: usize,
+}
+
+type Nodes = BTreeMap<LogicalNodeId, Box<ManagedNode>>;
+
+/// Whether `node`'s pending operation is due at `at`.
+fn pending_at(nodes: &Nodes, node: &LogicalNodeId, at: Timestamp) -> bool {
+    nodes
+        .get(node)
+        .and_then(|n| n.pending.as_ref())
+        .is_some_and(|p| p.deadline == at)
+}
+
+impl Deadlines {
+    /// Registers `node`'s pending operation, due at `at`. `nodes` holds it
+    /// already (a compaction keeps the ids whose operation is still due
+    /// there).
+    pub(crate) fn insert(&mut self, at: Timestamp, node: &LogicalNodeId, nodes: &Nodes) {
+        let registered = self.at.entry(at).or_default();
+        registered.live += 1;
+        registered.ids.push(node.clone());
+        if registered.ids.len() > registered.live.saturating_mul(2) + SLACK {
+            registered.ids.retain(|id| pending_at(nodes, id, at));
+            registered.ids.sort_unstable();
+            registered.ids.dedup();
+        }
+    }
+
+    /// Ends one registration at `at`: a pending operation due then was
+    /// folded.
+    pub(crate) fn remove(&mut self, at: Timestamp) {
+        if let Some(registered) = self.at.get_mut(&at) {
+            debug_assert!(registered.live > 0, "a deadline ended twice");
+            registered.live = registered.live.saturating_sub(1);
+            if registered.live == 0 {
+                self.at.remove(&at);
+            }
+        }
+    }
+
+    /// The earliest deadline of a pending operation.
+    pub(crate) fn first(&self) -> Option<Timestamp> {
+        self.at.keys().next().copied()
+    }
+
+    /// The pending operations due at or before `now`: by deadline, then by
+    /// node, each once.
+    pub(crate) fn due(
+        &self,
+        now: Timestamp,
+        nodes: &Nodes,
+    ) -> impl Iterator<Item = (Timestamp, LogicalNodeId)> {
+        self.at
+            .iter()
+            .take_while(move |(at, _)| now.reached(**at))
+            .flat_map(|(&at, registered)| {
+                let mut ids: Vec<&LogicalNodeId> = registered
+                    .ids
+                    .iter()
+                    .filter(|id| pending_at(nodes, id, at))
+                    .collect();
+                ids.sort_unstable();
+                ids.dedup();
+                ids.into_iter().map(move |id| (at, id.clone()))
+            })
+    }
+
+    /// How many ids the lists hold, live or not.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.at.values().map(|r| r.ids.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::effect::EffectKind;
+    use crate::id::{GroupId, NodeAttemptId, OperationId, RunId};
+    use crate::shape::{
+        BootParams, LogicalNodeSpec, NodeTemplate, ProviderShape, SwarmJoinTemplate,
+    };
+    use crate::state::{PendingOperation, RetryState};
+    use std::sync::Arc;
+
+    fn id(index: u32) -> LogicalNodeId {
+        LogicalNodeId::new(GroupId::new("g"), index)
+    }
+
+    fn node(index: u32) -> Box<ManagedNode> {
+        let spec = LogicalNodeSpec::new(
+            id(index),
+            RunId::new("r"),
+            Arc::new(NodeTemplate {
+                role: "worker".into(),
+                provider: "p".into(),
+                shape: ProviderShape::default(),
+                boot: BootParams::default(),
+                swarm_join: SwarmJoinTemplate::default(),
+            }),
+        );
+        Box::new(ManagedNode::new(
+            spec,
+            NodeAttemptId::from_raw(u64::from(index) + 1),
+            RetryState::default(),
+        ))
+    }
+
+    /// Gives node `index` a pending operation due at `at` and registers it.
+    fn dispatch(deadlines: &mut Deadlines, nodes: &mut Nodes, index: u32, at: u64) {
+        let at = Timestamp::from_millis(at);
+        let node = nodes.entry(id(index)).or_insert_with(|| node(index));
+        let sequence = node.next_sequence;
+        node.next_sequence = sequence.next().unwrap();
+        node.pending = Some(PendingOperation {
+            id: OperationId::new(node.attempt, sequence),
+            kind: EffectKind::CreateLease,
+            dispatched_at: Timestamp::ZERO,
+            deadline: at,
+        });
+        deadlines.insert(at, &id(index), nodes);
+    }
+
+    /// Folds node `index`'s pending operation.
+    fn fold(deadlines: &mut Deadlines, nodes: &mut Nodes, index: u32) {
+        let pending = nodes.get_mut(&id(index)).unwrap().pending.take().unwrap();
+        deadlines.remove(pending.deadline);
+    }
+
+    fn due(deadlines: &Deadlines, nodes: &Nodes, now: u64) -> Vec<(u64, u32)> {
+        deadlines
+            .due(Timestamp::from_millis(now), nodes)
+            .map(|(at, id)| (at.as_millis(), id.index()))
+            .collect()
+    }
+
+    #[test]
+    fn due_operations_come_by_deadline_then_node_each_once_and_ended_ones_never() {
+        let (mut deadlines, mut nodes) = (Deadlines::default(), Nodes::new());
+        for index in [5, 1, 3] {
+            dispatch(&mut deadlines, &mut nodes, index, 20);
+        }
+        dispatch(&mut deadlines, &mut nodes, 2, 10);
+        dispatch(&mut deadlines, &mut nodes, 4, 30);
+        assert_eq!(deadlines.first(), Some(Timestamp::from_millis(10)));
+        assert_eq!(due(&deadlines, &nodes, 9), []);
+        assert_eq!(
+            due(&deadlines, &nodes, 20),
+            [(10, 2), (20, 1), (20, 3), (20, 5)]
+        );
+        // Node 3's operation ends, and its next is due at the same instant:
+        // listed once. Node 1's ends for good.
+        fold(&mut deadlines, &mut nodes, 3);
+        dispatch(&mut deadlines, &mut nodes, 3, 20);
+        fold(&mut deadlines, &mut nodes, 1);
+        assert_eq!(due(&deadlines, &nodes, 25), [(10, 2), (20, 3), (20, 5)]);
+        // An instant with nothing live left is gone.
+        fold(&mut deadlines, &mut nodes, 2);
+        assert_eq!(deadlines.first(), Some(Timestamp::from_millis(20)));
+        fold(&mut deadlines, &mut nodes, 3);
+        fold(&mut deadlines, &mut nodes, 5);
+        assert_eq!(deadlines.first(), Some(Timestamp::from_millis(30)));
+        fold(&mut deadlines, &mut nodes, 4);
+        assert_eq!(deadlines.first(), None);
+        assert_eq!(deadlines.held(), 0);
+    }
+
+    #[test]
+    fn a_list_never_holds_much_more_than_twice_its_live_ids() {
+        let (mut deadlines, mut nodes) = (Deadlines::default(), Nodes::new());
+        dispatch(&mut deadlines, &mut nodes, 0, 50);
+        // Node 1 dispatches and folds again and again at one instant while
+        // node 0 keeps it alive.
+        for _ in 0..1000 {
+            dispatch(&mut deadlines, &mut nodes, 1, 50);
+            fold(&mut deadlines, &mut nodes, 1);
+            assert!(deadlines.held() <= 2 * 2 + SLACK + 1);
+        }
+        dispatch(&mut deadlines, &mut nodes, 1, 50);
+        assert_eq!(due(&deadlines, &nodes, 50), [(50, 0), (50, 1)]);
+    }
+}
