@@ -4,7 +4,9 @@
 //! `-- --quick` for 1k/10k only; `-- --steady NODES PASSES` runs only
 //! forced full passes after one bring-up, for a profiler). Prints medians over repeated runs, and
 //! beside the pass cost its floor: a plain scan of a B-tree of as many
-//! node-sized records.
+//! node-sized records. The heap columns of the bring-up table are filled by
+//! a `--features bench-heap` build (see [`ALLOCATOR`]); its times are not the
+//! ones to report.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,12 +23,29 @@ use provisioning::{
     SwarmJoinTemplate, Timestamp,
 };
 
-/// Counts live and peak heap bytes (of what is asked for, the same under any
-/// allocator), so memory per node is measured from the allocator as well as
-/// from the resident set. Over the allocator `provision` ships with
-/// (mimalloc), or the system's with `--features bench-system-allocator`.
+/// The allocator `provision` ships with (mimalloc), or the system's with
+/// `--features bench-system-allocator`. With `--features bench-heap` it is
+/// wrapped in a counter of live and peak heap bytes (of what is asked for,
+/// the same under any allocator), so memory per node is measured from the
+/// allocator as well as from the resident set. The counter's atomic updates
+/// cost about a tenth of a bring-up's time, so times come from a build
+/// without it and heap figures from one with it.
+#[cfg(feature = "bench-heap")]
 #[global_allocator]
 static ALLOCATOR: cap::Cap<Inner> = cap::Cap::new(INNER, usize::MAX);
+#[cfg(not(feature = "bench-heap"))]
+#[global_allocator]
+static ALLOCATOR: Inner = INNER;
+
+/// Live and peak heap bytes, in a `bench-heap` build.
+#[cfg(feature = "bench-heap")]
+fn heap() -> Option<(usize, usize)> {
+    Some((ALLOCATOR.allocated(), ALLOCATOR.max_allocated()))
+}
+#[cfg(not(feature = "bench-heap"))]
+fn heap() -> Option<(usize, usize)> {
+    None
+}
 
 #[cfg(not(feature = "bench-system-allocator"))]
 type Inner = mimalloc::MiMalloc;
@@ -386,11 +405,16 @@ fn main() {
     }
 
     let n = if quick { 10_000 } else { 100_000 };
+    // Each run in a fresh process, the modes alternated: the first process
+    // after a large free pays for the machine's first touch of the memory,
+    // which would otherwise land on whichever mode ran first.
+    let runs = if quick { 3 } else { 5 };
     println!(
-        "\n# bring-up of {n} nodes to convergence (instant backend; each run in its own process)"
+        "\n# bring-up of {n} nodes to convergence (instant backend; each run in its own process, \
+         the modes alternated; the run of median wall time of {runs})"
     );
     println!(
-        "{:>14} {:>10} {:>10} {:>14} {:>12} {:>14} {:>14}",
+        "{:>14} {:>10} {:>10} {:>14} {:>12} {:>14} {:>14}   all wall ms",
         "delivery",
         "wall ms",
         "passes",
@@ -399,18 +423,35 @@ fn main() {
         "peak heap B/node",
         "end heap B/node"
     );
-    for delivery in ["batch", "one-at-a-time"] {
-        let exe = std::env::current_exe().expect("own path");
-        let output = std::process::Command::new(exe)
-            .args(["--bring-up", delivery, &n.to_string()])
-            .output()
-            .expect("child bench runs");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        print!("{}", String::from_utf8_lossy(&output.stdout));
+    let modes = ["batch", "one-at-a-time"];
+    let mut rows: Vec<Vec<(u64, String)>> = vec![Vec::new(); modes.len()];
+    for _ in 0..runs {
+        for (mode, delivery) in modes.iter().enumerate() {
+            let exe = std::env::current_exe().expect("own path");
+            let output = std::process::Command::new(exe)
+                .args(["--bring-up", delivery, &n.to_string()])
+                .output()
+                .expect("child bench runs");
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let row = String::from_utf8_lossy(&output.stdout)
+                .trim_end()
+                .to_string();
+            let wall = row
+                .split_whitespace()
+                .nth(1)
+                .and_then(|w| w.parse().ok())
+                .expect("a row names its wall time");
+            rows[mode].push((wall, row));
+        }
+    }
+    for mut runs in rows {
+        runs.sort();
+        let walls: Vec<String> = runs.iter().map(|(wall, _)| wall.to_string()).collect();
+        println!("{}   {}", runs[runs.len() / 2].1, walls.join(" "));
     }
 }
 
@@ -425,34 +466,45 @@ fn bring_up_child(delivery: &str, n: u32) {
     let before = rss_kib().unwrap_or(0);
     // The peak is the process's: the bring-up is the first and largest thing
     // this child does.
-    let heap_before = ALLOCATOR.allocated();
+    let heap_before = heap();
     let up = bring_up(n, mode);
     let peak = peak_rss_kib().unwrap_or(0);
-    let heap_peak = ALLOCATOR.max_allocated().saturating_sub(heap_before);
-    let heap_end = ALLOCATOR.allocated().saturating_sub(heap_before);
+    let per_node = |bytes: usize| (bytes / n as usize).to_string();
+    let (heap_peak, heap_end) = match (heap_before, heap()) {
+        (Some((live_before, _)), Some((live, max))) => (
+            per_node(max.saturating_sub(live_before)),
+            per_node(live.saturating_sub(live_before)),
+        ),
+        _ => ("-".to_string(), "-".to_string()),
+    };
     println!(
         "{delivery:>14} {:>10} {:>10} {:>14.1} {:>12} {:>14} {:>14}",
         up.wall.as_millis(),
         up.passes,
         peak as f64 / 1024.0,
         (peak.saturating_sub(before) * 1024) / u64::from(n),
-        heap_peak / n as usize,
-        heap_end / n as usize,
+        heap_peak,
+        heap_end,
     );
     assert!(up.spawner.is_empty());
     if std::env::var_os("BENCH_BREAKDOWN").is_some() {
         let BringUp {
             driver, executor, ..
         } = up;
-        let all = ALLOCATOR.allocated();
+        let live = || heap().map_or(0, |(live, _)| live);
+        let all = live();
         drop(executor);
-        let without_executor = ALLOCATOR.allocated();
+        let without_executor = live();
         drop(driver);
-        let without_driver = ALLOCATOR.allocated();
-        eprintln!(
-            "executor {} B/node, driver {} B/node",
-            (all - without_executor) / n as usize,
-            (without_executor - without_driver) / n as usize
-        );
+        let without_driver = live();
+        if heap().is_some() {
+            eprintln!(
+                "executor {} B/node, driver {} B/node",
+                (all - without_executor) / n as usize,
+                (without_executor - without_driver) / n as usize
+            );
+        } else {
+            eprintln!("BENCH_BREAKDOWN counts the heap: build with --features bench-heap");
+        }
     }
 }

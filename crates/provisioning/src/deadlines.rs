@@ -7,13 +7,16 @@
 //! its registrations are pushed onto, instead of one ordered set of
 //! (instant, node) pairs searched on every insert and removal.
 //!
-//! A list keeps the ids of operations that ended since (folds only count
-//! down): readers check each id against the node's pending operation, and
-//! an instant is dropped as soon as none of its registrations is live. A
-//! list is compacted when it holds more than about twice its live ids, so
-//! it never outgrows what is pending by more than that.
+//! A fold takes its node's id off the list when it is at either end (results
+//! mostly come in the order their operations went out, so they usually are);
+//! otherwise the id stays until the list is compacted. So a list may hold
+//! ids of operations that ended since: readers check each id against the
+//! node's pending operation, an instant is dropped as soon as none of its
+//! registrations is live, and a list is compacted when it holds more than
+//! about twice its live ids, so it never outgrows what is pending by more
+//! than that.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::id::LogicalNodeId;
 use crate::state::ManagedNode;
@@ -33,7 +36,7 @@ pub(crate) struct Deadlines {
 struct Registered {
     /// Nodes registered here, in registration order; may hold the id of a
     /// node whose operation ended since, or an id twice.
-    ids: Vec<LogicalNodeId>,
+    ids: VecDeque<LogicalNodeId>,
     /// Registrations not yet ended.
     live: usize,
 }
@@ -55,22 +58,29 @@ impl Deadlines {
     pub(crate) fn insert(&mut self, at: Timestamp, node: &LogicalNodeId, nodes: &Nodes) {
         let registered = self.at.entry(at).or_default();
         registered.live += 1;
-        registered.ids.push(node.clone());
+        registered.ids.push_back(node.clone());
         if registered.ids.len() > registered.live.saturating_mul(2) + SLACK {
-            registered.ids.retain(|id| pending_at(nodes, id, at));
-            registered.ids.sort_unstable();
-            registered.ids.dedup();
+            let mut ids: Vec<LogicalNodeId> = std::mem::take(&mut registered.ids).into();
+            ids.retain(|id| pending_at(nodes, id, at));
+            ids.sort_unstable();
+            ids.dedup();
+            registered.ids = ids.into();
         }
     }
 
-    /// Ends one registration at `at`: a pending operation due then was
-    /// folded.
-    pub(crate) fn remove(&mut self, at: Timestamp) {
+    /// Ends `node`'s registration at `at`: its pending operation, due then,
+    /// was folded. A node has one pending operation at most, so no copy of
+    /// its id at `at` is live any more.
+    pub(crate) fn remove(&mut self, at: Timestamp, node: &LogicalNodeId) {
         if let Some(registered) = self.at.get_mut(&at) {
             debug_assert!(registered.live > 0, "a deadline ended twice");
             registered.live = registered.live.saturating_sub(1);
             if registered.live == 0 {
                 self.at.remove(&at);
+            } else if registered.ids.front() == Some(node) {
+                registered.ids.pop_front();
+            } else if registered.ids.back() == Some(node) {
+                registered.ids.pop_back();
             }
         }
     }
@@ -161,7 +171,7 @@ mod tests {
     /// Folds node `index`'s pending operation.
     fn fold(deadlines: &mut Deadlines, nodes: &mut Nodes, index: u32) {
         let pending = nodes.get_mut(&id(index)).unwrap().pending.take().unwrap();
-        deadlines.remove(pending.deadline);
+        deadlines.remove(pending.deadline, &id(index));
     }
 
     fn due(deadlines: &Deadlines, nodes: &Nodes, now: u64) -> Vec<(u64, u32)> {
@@ -206,14 +216,24 @@ mod tests {
     fn a_list_never_holds_much_more_than_twice_its_live_ids() {
         let (mut deadlines, mut nodes) = (Deadlines::default(), Nodes::new());
         dispatch(&mut deadlines, &mut nodes, 0, 50);
-        // Node 1 dispatches and folds again and again at one instant while
-        // node 0 keeps it alive.
+        // Node 1's operations end in the middle of the list, again and
+        // again, while node 0 keeps the instant alive; node 2's end at the
+        // back and are taken off at once.
         for _ in 0..1000 {
             dispatch(&mut deadlines, &mut nodes, 1, 50);
+            dispatch(&mut deadlines, &mut nodes, 2, 50);
             fold(&mut deadlines, &mut nodes, 1);
-            assert!(deadlines.held() <= 2 * 2 + SLACK + 1);
+            fold(&mut deadlines, &mut nodes, 2);
+            assert!(deadlines.held() <= 2 * 3 + SLACK);
         }
         dispatch(&mut deadlines, &mut nodes, 1, 50);
         assert_eq!(due(&deadlines, &nodes, 50), [(50, 0), (50, 1)]);
+        // Taken in the order they went out, they leave nothing behind.
+        fold(&mut deadlines, &mut nodes, 0);
+        dispatch(&mut deadlines, &mut nodes, 2, 50);
+        let held = deadlines.held();
+        fold(&mut deadlines, &mut nodes, 2);
+        assert_eq!(deadlines.held(), held - 1, "the back is taken off");
+        assert_eq!(due(&deadlines, &nodes, 50), [(50, 1)]);
     }
 }

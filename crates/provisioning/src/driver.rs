@@ -842,7 +842,7 @@ impl ClusterDriver {
         let after = (node.record.stage == NodeStage::Failed, node.is_ready());
         let created =
             (pending.kind == EffectKind::CreateLease).then(|| node.spec.shared_template().clone());
-        self.schedule.deadlines.remove(pending.deadline);
+        self.schedule.deadlines.remove(pending.deadline, node_id);
         if let Some(template) = created {
             self.create_finished(&template.provider);
         }
