@@ -922,9 +922,9 @@ pub(crate) fn g32_history_agrees_with_nodes<'a>(
         })?;
         if node.record.stage == NodeStage::Failed {
             // The failure's own entry gives its reason; the teardown's entry
-            // says it tears down a failed attempt (a later failure folded
-            // while it is torn down may replace the record's reason without
-            // a new entry: the node's condition did not change).
+            // says it tears down a failed attempt. An attempt keeps the
+            // reason it failed for (finding 12): a later failure folded while
+            // it is torn down is only its last error.
             let reason = node.record.failure.as_ref().map(|f| f.reason.as_str());
             let said = newest.reason.as_deref();
             let agrees = (reason.is_some() && said == reason)

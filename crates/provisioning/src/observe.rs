@@ -396,10 +396,15 @@ fn fail_attempt(
     node.retry.last_error = Some(reason.clone());
     node.record.stage = NodeStage::Failed;
     node.record.ready = false;
-    node.record.failure = Some(Box::new(FailureFacts {
-        reason,
-        at: ctx.now,
-    }));
+    // An attempt fails once: a later failure folded while it is torn down (a
+    // cleanup step's, a re-issued start's) is its last error, not why it
+    // failed, and its history keeps the reason it gave when it failed.
+    if node.record.failure.is_none() {
+        node.record.failure = Some(Box::new(FailureFacts {
+            reason,
+            at: ctx.now,
+        }));
+    }
     Ok(())
 }
 
@@ -544,4 +549,49 @@ pub(crate) fn fold_loss(
         return Ok(());
     }
     fail_attempt(node, cause.to_string(), false, ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::{GroupId, LogicalNodeId, NodeAttemptId, RunId};
+    use crate::shape::{
+        BootParams, LogicalNodeSpec, NodeTemplate, ProviderShape, SwarmJoinTemplate,
+    };
+    use crate::state::RetryState;
+    use std::sync::Arc;
+
+    fn node() -> ManagedNode {
+        let id = LogicalNodeId::new(GroupId::new("g"), 0);
+        let template = NodeTemplate {
+            role: "worker".into(),
+            provider: "p".into(),
+            shape: ProviderShape::default(),
+            boot: BootParams::default(),
+            swarm_join: SwarmJoinTemplate::default(),
+        };
+        let spec = LogicalNodeSpec::new(id, RunId::new("r"), Arc::new(template));
+        ManagedNode::new(spec, NodeAttemptId::from_raw(1), RetryState::default())
+    }
+
+    /// Kit finding 11 (G32 stage coherence): a failure folded while a failed
+    /// attempt is torn down replaced the reason its history entry gave.
+    #[test]
+    fn an_attempt_keeps_the_reason_it_failed_for_and_a_later_failure_is_its_last_error() {
+        let policy = RetryPolicy::default();
+        let ctx = |ms| FoldContext {
+            policy: &policy,
+            now: Timestamp::from_millis(ms),
+            spec_is_desired: false,
+            sent: true,
+        };
+        let mut node = node();
+        fail_attempt(&mut node, "boot check failed".into(), false, &ctx(10)).unwrap();
+        fail_attempt(&mut node, "start refused".into(), true, &ctx(20)).unwrap();
+        let failure = node.record.failure.as_ref().expect("failed");
+        assert_eq!(failure.reason, "boot check failed");
+        assert_eq!(failure.at, Timestamp::from_millis(10));
+        assert_eq!(node.retry.last_error.as_deref(), Some("start refused"));
+        assert_eq!(node.record.stage, NodeStage::Failed);
+    }
 }

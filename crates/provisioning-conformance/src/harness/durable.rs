@@ -398,6 +398,18 @@ impl<S: Substrate> Harness<S> {
         self.violation(breach(guarantee, detail))
     }
 
+    /// The driver's changes were committed: the journal holds the breakers
+    /// as the kit's model has them. Past an edge the kit stops following the
+    /// breakers (a fold may have stopped halfway; finding 13), so from then on
+    /// it cannot say what the journal holds of them: every group is unknown.
+    fn breakers_committed(&mut self) {
+        if self.edges_reached {
+            let groups: Vec<_> = self.driver.desired().groups().keys().cloned().collect();
+            self.breaker_watch.lose_track(groups);
+        }
+        self.breaker_watch.committed();
+    }
+
     /// Whether the substrate survives a controller crash (crash inputs and
     /// orphan collection apply only then).
     pub(super) fn crash_capable(&self) -> bool {
@@ -444,7 +456,7 @@ impl<S: Substrate> Harness<S> {
         if changes.is_empty() {
             // Nothing to write: the journal already holds what the driver
             // has, breakers included.
-            self.breaker_watch.committed();
+            self.breakers_committed();
             self.check_replica();
             return Ok(());
         }
@@ -454,7 +466,7 @@ impl<S: Substrate> Harness<S> {
         }
         match self.journal.commit(&changes) {
             Ok(()) => {
-                self.breaker_watch.committed();
+                self.breakers_committed();
                 let mut control = self.durable.control.lock();
                 for entry in &changes.upserts {
                     if let Some(pending) = &entry.node.pending {

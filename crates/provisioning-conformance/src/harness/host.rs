@@ -707,7 +707,7 @@ impl<S: Substrate> Harness<S> {
         let refused = std::mem::take(&mut batch.refused);
         self.check_drive(&pre, edge, &refused)?;
         if !edge && !self.edges_reached {
-            self.check_breakers(&pre)?;
+            self.check_breakers()?;
         }
         self.hand_out(batch)?;
         Ok(passes > 0)
@@ -891,13 +891,10 @@ impl<S: Substrate> Harness<S> {
         Ok(Some(Ok(report)))
     }
 
-    /// G30 (hold form) after a drive: the attempts it started respect the
-    /// kit's breakers, and the driver's word on each breaker agrees.
-    fn check_breakers(&mut self, pre: &ClusterState) -> Result<(), Violation> {
-        let verdict = self
-            .breaker_watch
-            .drive(pre, self.driver.state(), &self.limits, self.now);
-        self.check(verdict)?;
+    /// G30 (hold form) after a drive: the driver's word on each breaker
+    /// agrees with the kit's (whose model took the drive's starts in
+    /// [`Self::check_drive`]).
+    fn check_breakers(&mut self) -> Result<(), Violation> {
         let groups: Vec<GroupId> = self.limits.breakers.keys().cloned().collect();
         let mut reports_breakers = false;
         for group in groups {
@@ -1081,6 +1078,18 @@ impl<S: Substrate> Harness<S> {
                 self.vacuity.cleanup_retries += 1;
             }
             self.ever_pending.insert(dispatch.pending.id);
+        }
+        // The attempts the drive started, against the kit's breakers, before
+        // the drive's refusals are folded into them: a probe whose create was
+        // refused is out by the driver's books (finding 11). The kit sees a
+        // drive's starts and refusals, not their order, so it takes the
+        // starts first; a start let through after a refusal of the same drive
+        // opened its group's breaker is not caught here (docs/testing.md).
+        if !edge && !self.edges_reached {
+            let verdict =
+                self.breaker_watch
+                    .drive(pre, self.driver.state(), &self.limits, self.now);
+            self.check(verdict)?;
         }
         // Each refused operation, as the definite failure it was folded as:
         // the fold checks (the kit's failure count, the breaker, the

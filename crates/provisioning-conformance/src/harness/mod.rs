@@ -47,8 +47,15 @@ pub const MAX_SETTLE_ROUNDS: usize = 64;
 pub const MAX_WAKES_PER_TICK: usize = 256;
 
 /// The most rounds of the fair tail. Each round delivers all work and then
-/// advances the clock to the next stored deadline.
+/// advances the clock to the next stored deadline. A round in which nothing
+/// happened (no work ran, and the driver's state is what it was when the
+/// previous round ended) does not count: a driver may wake its held nodes
+/// once per breaker cool-down while another node waits out a longer
+/// backoff, and a cool-down of a millisecond makes those wakes many.
 pub const FAIR_ROUNDS_MAX: usize = 64;
+
+/// The most rounds of the fair tail, idle ones included.
+pub const FAIR_ROUNDS_IDLE_MAX: usize = 8192;
 
 /// The most work/deliver iterations inside one fair-tail round.
 pub const FAIR_INNER_MAX: usize = 32;

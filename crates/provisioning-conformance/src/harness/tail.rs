@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use provisioning::NodeAttemptId;
 
-use super::{FAIR_INNER_MAX, FAIR_ROUNDS_MAX, Harness};
+use super::{FAIR_INNER_MAX, FAIR_ROUNDS_IDLE_MAX, FAIR_ROUNDS_MAX, Harness};
 use crate::guarantee::{GuaranteeId, Phase, Violation};
 use crate::oracle::{self, breach};
 use crate::substrate::Substrate;
@@ -25,9 +25,17 @@ impl<S: Substrate> Harness<S> {
             WorkStep::One(_) => WorkStep::Fifo,
             order => order,
         };
-        for round in 0..FAIR_ROUNDS_MAX {
+        // Rounds that count toward the bound, and the driver's state as the
+        // last round ended (an idle round changes neither).
+        let mut counted = 0;
+        let mut last_state = None;
+        for round in 0..FAIR_ROUNDS_IDLE_MAX {
+            if counted == FAIR_ROUNDS_MAX {
+                break;
+            }
             self.phase = Phase::Tail(round);
             self.tail_rounds = round + 1;
+            let mut worked = false;
             for _ in 0..FAIR_INNER_MAX {
                 let released = self.substrate.release_all_hangs();
                 let ran = self.substrate.run_work(order);
@@ -35,6 +43,7 @@ impl<S: Substrate> Harness<S> {
                 self.settle()?;
                 let progressed = self.substrate.fair_progress();
                 self.settle()?;
+                worked |= released + ran + progressed > 0;
                 if released + ran + progressed == 0 && !self.substrate.has_runnable_work() {
                     break;
                 }
@@ -45,6 +54,11 @@ impl<S: Substrate> Harness<S> {
             if self.driver.is_converged() && orphans.is_none() {
                 self.converged = true;
                 break;
+            }
+            let state = self.driver.state();
+            if worked || last_state.as_ref() != Some(state) {
+                counted += 1;
+                last_state = Some(state.clone());
             }
             let requeue = self.driver.requeue_at().filter(|t| *t > self.now);
             let orphans = orphans.filter(|t| *t > self.now);
@@ -90,7 +104,8 @@ impl<S: Substrate> Harness<S> {
                 return Err(self.crash_aware(
                     GuaranteeId::BreakerLiveness,
                     format!(
-                        "no convergence within {FAIR_ROUNDS_MAX} fair rounds with a breaker on group(s) {} and their slots not ready; still pending: {pending}",
+                        "no convergence within {FAIR_ROUNDS_MAX} fair rounds ({} in all, idle ones included) with a breaker on group(s) {} and their slots not ready; still pending: {pending}",
+                        self.tail_rounds,
                         blocked.join(", ")
                     ),
                 ));
@@ -98,7 +113,8 @@ impl<S: Substrate> Harness<S> {
             return Err(self.crash_aware(
                 GuaranteeId::FairConvergence,
                 format!(
-                    "no convergence within {FAIR_ROUNDS_MAX} fair rounds; still pending: {pending}; orphans: [{}]; work: {}",
+                    "no convergence within {FAIR_ROUNDS_MAX} fair rounds ({} in all, idle ones included); still pending: {pending}; orphans: [{}]; work: {}",
+                    self.tail_rounds,
                     orphans.join(", "),
                     self.substrate.describe_work()
                 ),
