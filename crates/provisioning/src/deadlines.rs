@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::id::LogicalNodeId;
-use crate::state::ManagedNode;
+use crate::state::{ManagedNode, PendingOperation};
 use crate::time::Timestamp;
 
 /// Ids a list holds beyond twice its live ones before it is compacted.
@@ -43,12 +43,16 @@ struct Registered {
 
 type Nodes = BTreeMap<LogicalNodeId, Box<ManagedNode>>;
 
-/// Whether `node`'s pending operation is due at `at`.
-fn pending_at(nodes: &Nodes, node: &LogicalNodeId, at: Timestamp) -> bool {
+/// `node`'s pending operation, if it is due at `at`.
+fn pending_at<'n>(
+    nodes: &'n Nodes,
+    node: &LogicalNodeId,
+    at: Timestamp,
+) -> Option<&'n PendingOperation> {
     nodes
         .get(node)
         .and_then(|n| n.pending.as_ref())
-        .is_some_and(|p| p.deadline == at)
+        .filter(|p| p.deadline == at)
 }
 
 impl Deadlines {
@@ -61,7 +65,7 @@ impl Deadlines {
         registered.ids.push_back(node.clone());
         if registered.ids.len() > registered.live.saturating_mul(2) + SLACK {
             let mut ids: Vec<LogicalNodeId> = std::mem::take(&mut registered.ids).into();
-            ids.retain(|id| pending_at(nodes, id, at));
+            ids.retain(|id| pending_at(nodes, id, at).is_some());
             ids.sort_unstable();
             ids.dedup();
             registered.ids = ids.into();
@@ -90,25 +94,25 @@ impl Deadlines {
         self.at.keys().next().copied()
     }
 
-    /// The pending operations due at or before `now`: by deadline, then by
-    /// node, each once.
-    pub(crate) fn due(
-        &self,
+    /// The pending operations due at or before `now`, with their nodes: by
+    /// deadline, then by node, each once.
+    pub(crate) fn due<'a>(
+        &'a self,
         now: Timestamp,
-        nodes: &Nodes,
-    ) -> impl Iterator<Item = (Timestamp, LogicalNodeId)> {
+        nodes: &'a Nodes,
+    ) -> impl Iterator<Item = (&'a LogicalNodeId, &'a PendingOperation)> {
         self.at
             .iter()
             .take_while(move |(at, _)| now.reached(**at))
             .flat_map(|(&at, registered)| {
-                let mut ids: Vec<&LogicalNodeId> = registered
+                let mut due: Vec<(&LogicalNodeId, &PendingOperation)> = registered
                     .ids
                     .iter()
-                    .filter(|id| pending_at(nodes, id, at))
+                    .filter_map(|id| Some((id, pending_at(nodes, id, at)?)))
                     .collect();
-                ids.sort_unstable();
-                ids.dedup();
-                ids.into_iter().map(move |id| (at, id.clone()))
+                due.sort_unstable_by_key(|(id, _)| *id);
+                due.dedup_by_key(|(id, _)| *id);
+                due
             })
     }
 
@@ -123,40 +127,19 @@ impl Deadlines {
 mod tests {
     use super::*;
     use crate::effect::EffectKind;
-    use crate::id::{GroupId, NodeAttemptId, OperationId, RunId};
-    use crate::shape::{
-        BootParams, LogicalNodeSpec, NodeTemplate, ProviderShape, SwarmJoinTemplate,
-    };
-    use crate::state::{PendingOperation, RetryState};
-    use std::sync::Arc;
+    use crate::id::{GroupId, OperationId};
+    use crate::state::test_node;
 
     fn id(index: u32) -> LogicalNodeId {
         LogicalNodeId::new(GroupId::new("g"), index)
     }
 
-    fn node(index: u32) -> Box<ManagedNode> {
-        let spec = LogicalNodeSpec::new(
-            id(index),
-            RunId::new("r"),
-            Arc::new(NodeTemplate {
-                role: "worker".into(),
-                provider: "p".into(),
-                shape: ProviderShape::default(),
-                boot: BootParams::default(),
-                swarm_join: SwarmJoinTemplate::default(),
-            }),
-        );
-        Box::new(ManagedNode::new(
-            spec,
-            NodeAttemptId::from_raw(u64::from(index) + 1),
-            RetryState::default(),
-        ))
-    }
-
     /// Gives node `index` a pending operation due at `at` and registers it.
     fn dispatch(deadlines: &mut Deadlines, nodes: &mut Nodes, index: u32, at: u64) {
         let at = Timestamp::from_millis(at);
-        let node = nodes.entry(id(index)).or_insert_with(|| node(index));
+        let node = nodes
+            .entry(id(index))
+            .or_insert_with(|| Box::new(test_node(index, u64::from(index) + 1)));
         let sequence = node.next_sequence;
         node.next_sequence = sequence.next().unwrap();
         node.pending = Some(PendingOperation {
@@ -177,7 +160,7 @@ mod tests {
     fn due(deadlines: &Deadlines, nodes: &Nodes, now: u64) -> Vec<(u64, u32)> {
         deadlines
             .due(Timestamp::from_millis(now), nodes)
-            .map(|(at, id)| (at.as_millis(), id.index()))
+            .map(|(id, pending)| (pending.deadline.as_millis(), id.index()))
             .collect()
     }
 

@@ -504,21 +504,10 @@ mod tests {
 
     use super::*;
     use crate::id::NodeAttemptId;
-    use crate::shape::{ClusterShape, NodeGroup, ProviderShape};
+    use crate::shape::{ClusterShape, NodeGroup};
     use crate::state::{ManagedNode, RetryState};
 
-    fn template(image: &str) -> NodeTemplate {
-        NodeTemplate {
-            role: "worker".into(),
-            provider: "fake".into(),
-            shape: ProviderShape {
-                image: image.into(),
-                ..ProviderShape::default()
-            },
-            boot: crate::shape::BootParams::default(),
-            swarm_join: crate::shape::SwarmJoinTemplate::default(),
-        }
-    }
+    use crate::shape::test_template as template;
 
     /// The slots `walk_slots` visits, with whether each is desired and
     /// drifted, must be exactly those `for_each_slot` visits with built specs.

@@ -609,13 +609,10 @@ impl ClusterDriver {
         self.schedule
             .deadlines
             .due(now, &self.state.nodes)
-            .filter_map(|(deadline, id)| {
-                let pending = self.state.nodes.get(&id)?.pending.as_ref()?;
-                Some(DueOperation {
-                    node: id,
-                    op: pending.id,
-                    deadline,
-                })
+            .map(|(id, pending)| DueOperation {
+                node: id.clone(),
+                op: pending.id,
+                deadline: pending.deadline,
             })
             .collect()
     }
@@ -1298,7 +1295,7 @@ impl ClusterDriver {
             // sized once instead of grown (and copied) a dozen times.
             decisions.reserve_exact(selected.len());
             for id in selected {
-                let node = self.state.nodes.get(&id).map(|n| &**n);
+                let node = self.state.node(&id);
                 // The slot's desired run and template, without building its
                 // spec (three shared handles cloned and dropped per node of
                 // a bring-up's every step): the id is the node's key, so only

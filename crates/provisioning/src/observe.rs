@@ -554,27 +554,9 @@ pub(crate) fn fold_loss(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::id::{GroupId, LogicalNodeId, NodeAttemptId, RunId};
-    use crate::shape::{
-        BootParams, LogicalNodeSpec, NodeTemplate, ProviderShape, SwarmJoinTemplate,
-    };
-    use crate::state::RetryState;
-    use std::sync::Arc;
+    use crate::state::test_node;
 
-    fn node() -> ManagedNode {
-        let id = LogicalNodeId::new(GroupId::new("g"), 0);
-        let template = NodeTemplate {
-            role: "worker".into(),
-            provider: "p".into(),
-            shape: ProviderShape::default(),
-            boot: BootParams::default(),
-            swarm_join: SwarmJoinTemplate::default(),
-        };
-        let spec = LogicalNodeSpec::new(id, RunId::new("r"), Arc::new(template));
-        ManagedNode::new(spec, NodeAttemptId::from_raw(1), RetryState::default())
-    }
-
-    /// Kit finding 11 (G32 stage coherence): a failure folded while a failed
+    /// Kit finding 12 (G32 stage coherence): a failure folded while a failed
     /// attempt is torn down replaced the reason its history entry gave.
     #[test]
     fn an_attempt_keeps_the_reason_it_failed_for_and_a_later_failure_is_its_last_error() {
@@ -585,7 +567,7 @@ mod tests {
             spec_is_desired: false,
             sent: true,
         };
-        let mut node = node();
+        let mut node = test_node(0, 1);
         fail_attempt(&mut node, "boot check failed".into(), false, &ctx(10)).unwrap();
         fail_attempt(&mut node, "start refused".into(), true, &ctx(20)).unwrap();
         let failure = node.record.failure.as_ref().expect("failed");

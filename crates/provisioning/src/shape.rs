@@ -467,6 +467,22 @@ impl DesiredState {
     }
 }
 
+/// A worker template of `image` on a provider named `fake`, for the crate's
+/// unit tests.
+#[cfg(test)]
+pub(crate) fn test_template(image: &str) -> NodeTemplate {
+    NodeTemplate {
+        role: "worker".into(),
+        provider: "fake".into(),
+        shape: ProviderShape {
+            image: image.into(),
+            ..ProviderShape::default()
+        },
+        boot: BootParams::default(),
+        swarm_join: SwarmJoinTemplate::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

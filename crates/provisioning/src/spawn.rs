@@ -76,15 +76,15 @@ enum Slot {
     Finished,
 }
 
+/// The most slots an empty table keeps room for.
+const IDLE_SLOTS: usize = 64;
+
 /// The unfinished tasks by id. Ids are handed out in order, so task `id`
 /// is at `slots[id - first]`: spawning appends, and finished tasks leave a
 /// [`Slot::Finished`] behind until every older task has finished too (the
 /// slots then go from the front). A lookup is an index, not a tree search;
 /// the table holds one slot per task spawned since the oldest unfinished
 /// one.
-/// The most slots an empty table keeps room for.
-const IDLE_SLOTS: usize = 64;
-
 #[derive(Default)]
 struct TaskTable {
     first: u64,

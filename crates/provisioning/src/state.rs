@@ -404,3 +404,20 @@ fn is_false(value: &bool) -> bool {
 fn is_zero(value: &u32) -> bool {
     *value == 0
 }
+
+/// A fresh node of slot `index` of group `g` on [`crate::shape::test_template`],
+/// attempt `attempt`, for the crate's unit tests.
+#[cfg(test)]
+pub(crate) fn test_node(index: u32, attempt: u64) -> ManagedNode {
+    let id = LogicalNodeId::new(crate::id::GroupId::new("g"), index);
+    let spec = LogicalNodeSpec::new(
+        id,
+        crate::id::RunId::new("r"),
+        std::sync::Arc::new(crate::shape::test_template("img")),
+    );
+    ManagedNode::new(
+        spec,
+        NodeAttemptId::from_raw(attempt),
+        RetryState::default(),
+    )
+}

@@ -1097,14 +1097,12 @@ impl<S: Substrate> Harness<S> {
         for (index, op) in refused.iter().enumerate() {
             // A node inserted by the drive was new, with nothing counted.
             let inserted = || {
-                self.driver.state().nodes.get(&op.node).map(|n| {
-                    Box::new(ManagedNode {
-                        retry: provisioning::state::RetryState::default(),
-                        ..(**n).clone()
-                    })
+                self.driver.state().node(&op.node).map(|n| ManagedNode {
+                    retry: provisioning::state::RetryState::default(),
+                    ..n.clone()
                 })
             };
-            let Some(before) = pre.nodes.get(&op.node).cloned().or_else(inserted) else {
+            let Some(before) = pre.node(&op.node).cloned().or_else(inserted) else {
                 continue;
             };
             // The driver's breakers already hold every refusal of the
