@@ -55,8 +55,10 @@ impl<S: Substrate> Harness<S> {
                 self.converged = true;
                 break;
             }
+            // Past an edge every round counts: convergence is waived there,
+            // and idle rounds would only delay the waiver.
             let state = self.driver.state();
-            if worked || last_state.as_ref() != Some(state) {
+            if worked || self.edges_reached || last_state.as_ref() != Some(state) {
                 counted += 1;
                 last_state = Some(state.clone());
             }
