@@ -18,7 +18,7 @@
 //! The types here are plain serde values; encoding them and writing them is
 //! the host's business. Nothing in this module reads a clock or does I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,6 +104,19 @@ impl ChangeSet {
     pub fn is_empty(&self) -> bool {
         self.meta.is_none() && self.upserts.is_empty() && self.removed.is_empty()
     }
+}
+
+/// What changed in a driver since the last change set, when its host asked
+/// for changes to be tracked. Only the driver writes it.
+#[derive(Debug, Default)]
+pub(crate) struct ChangeTracker {
+    /// Nodes inserted, changed or removed.
+    pub(crate) nodes: BTreeSet<LogicalNodeId>,
+    /// Whether the meta changed.
+    pub(crate) meta: bool,
+    /// The breakers as last written: a change set carries the meta again
+    /// when they differ (a handful of groups, compared per change set).
+    pub(crate) written_breakers: BTreeMap<GroupId, BreakerStatus>,
 }
 
 /// A [`DurableNode`] borrowed from the driver: serializes exactly as the
