@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::ClusterDriver;
 use crate::durable::{
-    ChangeSet, ChangeTracker, ChangeView, DURABLE_FORMAT, DurableEntry, DurableEntryRef,
+    ChangeTracker, DURABLE_FORMAT, DriverChanges, DriverChangesView, DurableEntry, DurableEntryRef,
     DurableMeta, DurableNodeRef, DurableState,
 };
 use crate::id::LogicalNodeId;
@@ -60,16 +60,16 @@ impl ClusterDriver {
     /// changes are not tracked). `now` is recorded in the meta as the
     /// writer's clock. Take them after a drive and commit them before
     /// submitting the operations that drive produced.
-    pub fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
-        self.take_change_view(now).to_change_set()
+    pub fn take_changes(&mut self, now: Timestamp) -> DriverChanges {
+        self.take_change_view(now).to_owned_changes()
     }
 
     /// [`ClusterDriver::take_changes`] with the changed nodes borrowed from
     /// the driver instead of copied: what a host that only encodes them
     /// uses. The changes are taken either way.
-    pub fn take_change_view(&mut self, now: Timestamp) -> ChangeView<'_> {
+    pub fn take_change_view(&mut self, now: Timestamp) -> DriverChangesView<'_> {
         let Some(tracker) = self.changes.as_mut() else {
-            return ChangeView::default();
+            return DriverChangesView::default();
         };
         let breakers_changed = tracker.written_breakers != self.limit_state.breakers;
         if breakers_changed {
@@ -83,9 +83,9 @@ impl ClusterDriver {
         // all the time in between.
         let meta =
             std::mem::replace(&mut tracker.meta, false) || breakers_changed || !nodes.is_empty();
-        let mut changes = ChangeView {
+        let mut changes = DriverChangesView {
             meta: meta.then(|| std::borrow::Cow::Owned(self.durable_meta(now))),
-            ..ChangeView::default()
+            ..DriverChangesView::default()
         };
         for id in nodes {
             match self.state.nodes.get(&id) {
