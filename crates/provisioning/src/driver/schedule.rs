@@ -126,6 +126,8 @@ impl Schedule {
         self.status = PassStatus::Idle { queued: retrigger };
     }
 
+    /// Sets when waiting `node` is looked at again (`None`: only when
+    /// something touches it).
     pub(super) fn set_timer(&mut self, node: &LogicalNodeId, at: Option<Timestamp>) {
         let old = match at {
             Some(at) => self.timer_of.insert(node.clone(), at),
@@ -142,6 +144,7 @@ impl Schedule {
         }
     }
 
+    /// Drops the timer of a node that left the map.
     pub(super) fn forget(&mut self, node: &LogicalNodeId) {
         self.set_timer(node, None);
     }
@@ -184,6 +187,7 @@ impl Schedule {
         std::mem::take(&mut self.dirty)
     }
 
+    /// The earliest timer of a waiting node.
     fn next_timer(&self) -> Option<Timestamp> {
         self.timers.first().map(|(t, _)| *t)
     }
