@@ -13,7 +13,7 @@ use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink
 use provisioning::limits::{BreakerStatus, LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
-    ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, DurableState,
+    ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, DriverChanges, DurableState,
     ExecutorResult, GroupId, LogicalNodeId, NodeDecision, NodeHistory, Observation, OperationId,
     RetryPolicy, Timestamp,
 };
@@ -137,9 +137,9 @@ pub trait DriverUnderTest {
     fn track_changes(&mut self) {}
 
     /// See [`ClusterDriver::take_changes`]. The default changes nothing.
-    fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
+    fn take_changes(&mut self, now: Timestamp) -> DriverChanges {
         let _ = now;
-        ChangeSet::default()
+        DriverChanges::default()
     }
 
     /// See [`ClusterDriver::has_changes`]: whether a change set is waiting.
@@ -360,7 +360,7 @@ impl DriverUnderTest for ClusterDriver {
         Some(ClusterDriver::durable_state(self, now))
     }
 
-    fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
+    fn take_changes(&mut self, now: Timestamp) -> DriverChanges {
         ClusterDriver::take_changes(self, now)
     }
 

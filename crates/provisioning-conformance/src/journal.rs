@@ -3,7 +3,7 @@
 //!
 //! The harness host journals exactly as the real host does: every drive's
 //! operations go into a buffer, the drive's change set
-//! ([`provisioning::ChangeSet`]) is committed to a [`KitJournal`] as one
+//! ([`provisioning::DriverChanges`]) is committed to a [`KitJournal`] as one
 //! transaction, and only then are the buffered operations submitted to the
 //! executor (a failed commit folds each of them as a definite failure
 //! instead). At an [`Input::Crash`](crate::trace::Input::Crash) the driver
@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use provisioning::durable::{RecoveryError, RecoveryReport};
 use provisioning::{
-    ChangeSet, ClusterDriver, DurableEntry, DurableMeta, DurableState, LogicalNodeId, Timestamp,
+    ClusterDriver, DriverChanges, DurableEntry, DurableMeta, DurableState, LogicalNodeId, Timestamp,
 };
 
 use crate::driver_under_test::DriverUnderTest;
@@ -41,7 +41,7 @@ pub trait KitJournal {
     ///
     /// # Errors
     /// A description of why nothing was committed.
-    fn commit(&mut self, changes: &ChangeSet) -> Result<(), String>;
+    fn commit(&mut self, changes: &DriverChanges) -> Result<(), String>;
 
     /// Everything committed so far, as recovery reads it; `None` when
     /// nothing was ever committed.
@@ -108,7 +108,7 @@ impl InMemoryJournal {
 
     /// Applies a change set in the order of [`DurableState::apply`]:
     /// removals, upserts, meta.
-    pub(crate) fn apply(&mut self, changes: ChangeSet) {
+    pub(crate) fn apply(&mut self, changes: DriverChanges) {
         for id in &changes.removed {
             self.nodes.remove(id);
         }
@@ -126,7 +126,7 @@ impl KitJournal for InMemoryJournal {
         "memory"
     }
 
-    fn commit(&mut self, changes: &ChangeSet) -> Result<(), String> {
+    fn commit(&mut self, changes: &DriverChanges) -> Result<(), String> {
         if self.meta.is_none() && changes.meta.is_none() {
             return Err(
                 "the first change set of a journal carries no meta (desired shape, allocator)"

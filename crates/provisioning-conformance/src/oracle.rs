@@ -2024,7 +2024,7 @@ pub(crate) fn owned(state: &ClusterState, key: &ResourceKey) -> bool {
 /// or a breaker's cool-down written since come back late by all the time in
 /// between.
 pub(crate) fn g26_write_carries_the_clock(
-    changes: &provisioning::ChangeSet,
+    changes: &provisioning::DriverChanges,
     now: Timestamp,
 ) -> Verdict {
     let written_at = changes.meta.as_ref().map(|m| m.written_at);

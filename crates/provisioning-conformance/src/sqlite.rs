@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use provisioning::{ChangeSet, DurableState};
+use provisioning::{DriverChanges, DurableState};
 use provisioning_journal::codec::StateCodec;
 use provisioning_journal::{Journal, SqliteJournal, SqliteOptions, Synchronous};
 
@@ -52,7 +52,7 @@ impl KitJournal for SqliteKitJournal {
         "sqlite"
     }
 
-    fn commit(&mut self, changes: &ChangeSet) -> Result<(), String> {
+    fn commit(&mut self, changes: &DriverChanges) -> Result<(), String> {
         let rows = self.codec.encode(changes).map_err(|e| e.to_string())?;
         let journal = self.journal.as_mut().ok_or("the journal is closed")?;
         journal.commit(&rows).map_err(|e| e.to_string())

@@ -102,7 +102,7 @@ impl provisioning_conformance::KitJournal for Sqlite {
         "sqlite"
     }
 
-    fn commit(&mut self, changes: &provisioning::ChangeSet) -> Result<(), String> {
+    fn commit(&mut self, changes: &provisioning::DriverChanges) -> Result<(), String> {
         use provisioning_journal::Journal;
         let rows = self.codec.encode(changes).map_err(|e| e.to_string())?;
         let journal = self.journal.as_mut().ok_or("the journal is closed")?;

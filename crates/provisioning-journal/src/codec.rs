@@ -1,6 +1,6 @@
 //! The reconciler's durable form as journal rows, and back.
 //!
-//! The core hands out typed change sets ([`provisioning::ChangeSet`]); this
+//! The core hands out typed changes ([`provisioning::DriverChanges`]); this
 //! module turns them into storage change sets ([`crate::ChangeSet`]) and a
 //! committed [`crate::Snapshot`] back into a [`DurableState`] for recovery.
 //!
@@ -17,7 +17,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use provisioning::{
-    ChangeView, DurableEntry, DurableMeta, DurableNode, DurableNodeRef, DurableState, NodeTemplate,
+    DriverChangesView, DurableEntry, DurableMeta, DurableNode, DurableNodeRef, DurableState,
+    NodeTemplate,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -148,7 +149,10 @@ impl StateCodec {
     ///
     /// # Errors
     /// [`CodecError::Encode`], which these types do not produce in practice.
-    pub fn encode(&mut self, changes: &provisioning::ChangeSet) -> Result<ChangeSet, CodecError> {
+    pub fn encode(
+        &mut self,
+        changes: &provisioning::DriverChanges,
+    ) -> Result<ChangeSet, CodecError> {
         self.encode_view(&changes.view())
     }
 
@@ -158,7 +162,10 @@ impl StateCodec {
     ///
     /// # Errors
     /// [`CodecError::Encode`], which these types do not produce in practice.
-    pub fn encode_view(&mut self, changes: &ChangeView<'_>) -> Result<ChangeSet, CodecError> {
+    pub fn encode_view(
+        &mut self,
+        changes: &DriverChangesView<'_>,
+    ) -> Result<ChangeSet, CodecError> {
         let mut out = ChangeSet::new();
         out.upserts.reserve_exact(changes.upserts.len());
         // One buffer serves every row: each body is then copied out once, at

@@ -187,7 +187,7 @@ fn a_change_set_borrowed_from_the_driver_encodes_to_the_rows_of_its_owned_form()
             )
             .unwrap();
         let view = driver.take_change_view(now);
-        let owned = view.to_change_set();
+        let owned = view.to_owned_changes();
         let borrowed_rows = borrowed_codec.encode_view(&view).unwrap();
         drop(view);
         let owned_rows = owned_codec.encode(&owned).unwrap();

@@ -17,7 +17,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use provisioning::{
-    ChangeView, ClusterDriver, Generation, GroupId, Intent, LogicalNodeId, ManagedNode, Timestamp,
+    ClusterDriver, DriverChangesView, Generation, GroupId, Intent, LogicalNodeId, ManagedNode,
+    Timestamp,
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -447,7 +448,7 @@ impl Counts {
 
 impl Progress {
     /// Notes the nodes `changes` names (inserted, changed or removed).
-    pub(crate) fn note_changes(&mut self, changes: &ChangeView<'_>) {
+    pub(crate) fn note_changes(&mut self, changes: &DriverChangesView<'_>) {
         if self.generation.is_none() {
             // A whole build comes next anyway.
             return;

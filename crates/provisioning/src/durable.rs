@@ -1,7 +1,7 @@
 //! The durable form of a driver's memory, change sets, and recovery.
 //!
 //! A host that must survive its own crash asks the driver to track changes
-//! ([`crate::ClusterDriver::track_changes`]), takes a [`ChangeSet`] after
+//! ([`crate::ClusterDriver::track_changes`]), takes a [`DriverChanges`] after
 //! every drive ([`crate::ClusterDriver::take_changes`]) and commits it to
 //! durable storage *before* it submits any operation that drive produced.
 //! A change set holds only the nodes that changed since the last one, so a
@@ -18,7 +18,7 @@
 //! The types here are plain serde values; encoding them and writing them is
 //! the host's business. Nothing in this module reads a clock or does I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,9 +86,11 @@ pub struct DurableEntry {
     pub template: Arc<NodeTemplate>,
 }
 
-/// What changed since the last change set.
+/// What changed in the driver since its changes were last taken
+/// ([`crate::ClusterDriver::take_changes`]): what a host commits to its
+/// journal in one transaction, before it submits the operations of the drive.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ChangeSet {
+pub struct DriverChanges {
     /// The meta, whenever anything is written: it carries the writer's
     /// clock ([`DurableMeta::written_at`]), which every stored instant is
     /// read against at recovery.
@@ -99,11 +101,24 @@ pub struct ChangeSet {
     pub removed: Vec<LogicalNodeId>,
 }
 
-impl ChangeSet {
+impl DriverChanges {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
         self.meta.is_none() && self.upserts.is_empty() && self.removed.is_empty()
     }
+}
+
+/// What changed in a driver since the last change set, when its host asked
+/// for changes to be tracked. Only the driver writes it.
+#[derive(Debug, Default)]
+pub(crate) struct ChangeTracker {
+    /// Nodes inserted, changed or removed.
+    pub(crate) nodes: BTreeSet<LogicalNodeId>,
+    /// Whether the meta changed.
+    pub(crate) meta: bool,
+    /// The breakers as last written: a change set carries the meta again
+    /// when they differ (a handful of groups, compared per change set).
+    pub(crate) written_breakers: BTreeMap<GroupId, BreakerStatus>,
 }
 
 /// A [`DurableNode`] borrowed from the driver: serializes exactly as the
@@ -166,12 +181,12 @@ pub struct DurableEntryRef<'a> {
     pub template: &'a Arc<NodeTemplate>,
 }
 
-/// A [`ChangeSet`] whose nodes are borrowed from the driver
+/// A [`DriverChanges`] whose nodes are borrowed from the driver
 /// ([`crate::ClusterDriver::take_change_view`]): what a writer encodes
 /// without copying every changed node first.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ChangeView<'a> {
-    /// The meta, whenever anything is written (see [`ChangeSet::meta`]).
+pub struct DriverChangesView<'a> {
+    /// The meta, whenever anything is written (see [`DriverChanges::meta`]).
     pub meta: Option<std::borrow::Cow<'a, DurableMeta>>,
     /// Nodes that were inserted or changed, in slot order.
     pub upserts: Vec<DurableEntryRef<'a>>,
@@ -179,15 +194,15 @@ pub struct ChangeView<'a> {
     pub removed: Vec<LogicalNodeId>,
 }
 
-impl ChangeView<'_> {
+impl DriverChangesView<'_> {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
         self.meta.is_none() && self.upserts.is_empty() && self.removed.is_empty()
     }
 
-    /// The owned change set.
-    pub fn to_change_set(&self) -> ChangeSet {
-        ChangeSet {
+    /// The owned changes.
+    pub fn to_owned_changes(&self) -> DriverChanges {
+        DriverChanges {
             meta: self.meta.as_ref().map(|m| m.as_ref().clone()),
             upserts: self
                 .upserts
@@ -202,10 +217,10 @@ impl ChangeView<'_> {
     }
 }
 
-impl ChangeSet {
-    /// The change set, borrowed.
-    pub fn view(&self) -> ChangeView<'_> {
-        ChangeView {
+impl DriverChanges {
+    /// The changes, borrowed.
+    pub fn view(&self) -> DriverChangesView<'_> {
+        DriverChangesView {
             meta: self.meta.as_ref().map(std::borrow::Cow::Borrowed),
             upserts: self
                 .upserts
@@ -231,7 +246,7 @@ pub struct DurableState {
 
 impl DurableState {
     /// Applies a change set on top of this state, as storage would.
-    pub fn apply(&mut self, changes: &ChangeSet) {
+    pub fn apply(&mut self, changes: &DriverChanges) {
         let mut nodes: BTreeMap<LogicalNodeId, DurableEntry> = std::mem::take(&mut self.nodes)
             .into_iter()
             .map(|e| (e.node.node.clone(), e))

@@ -114,8 +114,8 @@ pub use driver::{
     NodeError, OperationSink, PassReport, Rejection, SubmitError,
 };
 pub use durable::{
-    ChangeSet, ChangeView, DURABLE_FORMAT, DurableEntry, DurableEntryRef, DurableMeta, DurableNode,
-    DurableNodeRef, DurableState, RecoveryError, RecoveryReport,
+    DURABLE_FORMAT, DriverChanges, DriverChangesView, DurableEntry, DurableEntryRef, DurableMeta,
+    DurableNode, DurableNodeRef, DurableState, RecoveryError, RecoveryReport,
 };
 pub use effect::{
     Disposition, EffectError, EffectKind, EffectOutput, EffectRequest, Endpoint, EndpointLookup,

@@ -11,10 +11,10 @@
 //! None of them holds back cleanup: scale-down, failed and lost nodes are
 //! torn down at once, whatever the limits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::id::GroupId;
+use crate::id::{GroupId, LogicalNodeId};
 use crate::time::Timestamp;
 
 /// How many of a group's desired nodes a drift replacement may leave
@@ -140,4 +140,25 @@ pub struct LimitCounters {
     pub breakers_opened: u64,
     /// Probe attempts let through by a breaker.
     pub breaker_probes: u64,
+}
+
+/// What the limits keep between passes: the driver's bookkeeping of the
+/// creates in flight, the nodes each limit holds back, and every group's
+/// breaker. Only the driver writes it.
+#[derive(Debug, Default)]
+pub(crate) struct LimitState {
+    /// `CreateLease` operations pending, per provider kind.
+    pub(crate) creates_in_flight: BTreeMap<String, u32>,
+    /// Nodes whose create waits for a launch slot, per provider, in slot order.
+    pub(crate) held_by_cap: BTreeMap<String, BTreeSet<LogicalNodeId>>,
+    /// Drifted ready nodes whose replacement waits for the rollout budget.
+    pub(crate) held_by_budget: BTreeMap<GroupId, BTreeSet<LogicalNodeId>>,
+    /// Nodes whose insert or restart an open breaker holds back, per group:
+    /// their wake depends on the breaker, so a change of it looks at them
+    /// again.
+    pub(crate) held_by_breaker: BTreeMap<GroupId, BTreeSet<LogicalNodeId>>,
+    /// Every group's breaker that counted a failure since it last closed.
+    pub(crate) breakers: BTreeMap<GroupId, BreakerStatus>,
+    /// What the limits held back so far.
+    pub(crate) counters: LimitCounters,
 }

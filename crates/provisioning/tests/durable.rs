@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use provisioning::{
-    ChangeSet, ClusterDriver, DURABLE_FORMAT, DurableState, EffectError, EffectKind, RecoveryError,
-    RetryPolicy, RunId, Timestamp,
+    ClusterDriver, DURABLE_FORMAT, DriverChanges, DurableState, EffectError, EffectKind,
+    RecoveryError, RetryPolicy, RunId, Timestamp,
 };
 
 /// A journal as a test keeps it: the first change set, then every later one
@@ -14,7 +14,7 @@ use provisioning::{
 struct Journal(Option<DurableState>);
 
 impl Journal {
-    fn commit(&mut self, d: &mut ClusterDriver, now: Timestamp) -> ChangeSet {
+    fn commit(&mut self, d: &mut ClusterDriver, now: Timestamp) -> DriverChanges {
         let changes = d.take_changes(now);
         match &mut self.0 {
             Some(state) => state.apply(&changes),

@@ -25,7 +25,7 @@ use provisioning::observe::LossCause;
 use provisioning::spawn::BoxFuture;
 use provisioning::state::PendingOperation;
 use provisioning::{
-    ChangeSet, EffectError, EffectKind, EffectOutput, ExecutorResult, IdempotentEffectExecutor,
+    DriverChanges, EffectError, EffectKind, EffectOutput, ExecutorResult, IdempotentEffectExecutor,
     LogicalNodeId, NodeAttemptId, NodeTemplate, Observation, Operation, OperationId, Timestamp,
 };
 
@@ -496,10 +496,10 @@ impl<S: Substrate> Harness<S> {
     /// The changes as a host that keeps its own view takes them: the ids of
     /// the nodes that changed, and whether anything else did, read from
     /// the driver's durable state. `None` when the driver does not offer it.
-    fn changes_from_ids(&mut self) -> Option<ChangeSet> {
+    fn changes_from_ids(&mut self) -> Option<DriverChanges> {
         let (ids, meta) = self.driver.take_changed_nodes()?;
         if ids.is_empty() && !meta {
-            return Some(ChangeSet::default());
+            return Some(DriverChanges::default());
         }
         let Some(whole) = self.driver.durable_state(self.now) else {
             // It names its changed nodes but cannot show its durable state:
@@ -509,9 +509,9 @@ impl<S: Substrate> Harness<S> {
         };
         // A journaling host writes the meta with every write: it carries the
         // clock the written instants are read against.
-        let mut changes = ChangeSet {
+        let mut changes = DriverChanges {
             meta: (meta || !ids.is_empty()).then(|| whole.meta.clone()),
-            ..ChangeSet::default()
+            ..DriverChanges::default()
         };
         let by_id: BTreeMap<&LogicalNodeId, &provisioning::DurableEntry> =
             whole.nodes.iter().map(|e| (&e.node.node, e)).collect();
@@ -529,10 +529,10 @@ impl<S: Substrate> Harness<S> {
     /// journal holds that the driver no longer has), the changes discarded.
     /// Afterwards the driver must say nothing is waiting. `None` when the
     /// driver does not offer it.
-    fn changes_as_snapshot(&mut self) -> Option<ChangeSet> {
+    fn changes_as_snapshot(&mut self) -> Option<DriverChanges> {
         let waiting = self.driver.has_changes()?;
         if !waiting {
-            return Some(ChangeSet::default());
+            return Some(DriverChanges::default());
         }
         let whole = self.driver.durable_state(self.now)?;
         if !self.driver.discard_changes() {
@@ -555,7 +555,7 @@ impl<S: Substrate> Harness<S> {
             .filter(|id| !kept.contains(id))
             .cloned()
             .collect();
-        Some(ChangeSet {
+        Some(DriverChanges {
             meta: Some(whole.meta),
             upserts: whole.nodes,
             removed,

@@ -247,7 +247,7 @@ mod temp_sqlite {
     use std::path::{Path, PathBuf};
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    use provisioning::{ChangeSet, DurableState};
+    use provisioning::{DriverChanges, DurableState};
 
     use crate::journal::KitJournal;
     use crate::sqlite::SqliteKitJournal;
@@ -323,7 +323,7 @@ mod temp_sqlite {
             self.journal.name()
         }
 
-        fn commit(&mut self, changes: &ChangeSet) -> Result<(), String> {
+        fn commit(&mut self, changes: &DriverChanges) -> Result<(), String> {
             self.journal.commit(changes)
         }
 

@@ -8,7 +8,7 @@ use provisioning::id::OperationSequence;
 use provisioning::limits::{LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
-    ChangeSet, ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult,
+    ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, DriverChanges, ExecutorResult,
     LogicalNodeId, NodeAttemptId, Observation, OperationId, RetryPolicy, Timestamp,
 };
 use provisioning_conformance::{DriverSetup, DriverUnderTest, cluster_driver};
@@ -496,7 +496,7 @@ impl DriverUnderTest for Broken {
         self.inner.track_changes();
     }
 
-    fn take_changes(&mut self, now: Timestamp) -> ChangeSet {
+    fn take_changes(&mut self, now: Timestamp) -> DriverChanges {
         self.inner.take_changes(now)
     }
 
