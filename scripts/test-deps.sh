@@ -9,7 +9,7 @@
 #   daemons and commands) and munge (its authentication daemon).
 set -eu
 
-packages="openssh-server openssh-client util-linux iproute2 slurmctld slurmd slurm-client munge"
+packages="openssh-server openssh-client util-linux iproute2 slurmctld slurmd slurm-client munge tmux"
 
 missing=""
 for package in $packages; do

@@ -202,7 +202,8 @@ fn init_logging(verbose: u8, format: LogFormat) {
     );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        // Standard error, past the live block of `up` while one is drawn.
+        .with_writer(display::LogOutput);
     let _ = match format {
         LogFormat::Text => builder.with_ansi(colour).try_init(),
         LogFormat::Json => builder.json().with_ansi(false).try_init(),

@@ -105,6 +105,7 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
     let listener = control::claim(&socket).await.map_err(anyhow::Error::msg)?;
     let _socket_file = SocketFile(socket.clone());
     let console = Arc::new(Console::new(options.live));
+    console.set_group_order(source.groups.iter().map(|g| g.id.as_str().to_owned()));
     if let Some(resumed) = durability.resume_summary() {
         console.line(format!(
             "resuming run {} from {}: generation {}, {} node(s) journaled; adopting what still runs",
@@ -413,12 +414,18 @@ async fn apply_edit(path: &Path, text: &str, handle: &HostHandle, console: &Cons
         }
     };
     let limits = source.limits.clone();
+    let group_ids: Vec<String> = source
+        .groups
+        .iter()
+        .map(|g| g.id.as_str().to_owned())
+        .collect();
     let outcome = handle.apply_revision(source.run_id, source.groups).await;
     if outcome.is_ok() && handle.set_limits(limits).await.is_err() {
         return false;
     }
     match outcome {
         Ok(AppliedRevision::Applied { generation }) => {
+            console.set_group_order(group_ids);
             console.line(format!(
                 "{}: edit applied as generation {generation}",
                 path.display()

@@ -1,37 +1,61 @@
 //! What `provision up` shows while it runs.
 //!
-//! On a terminal: one progress bar per group (ready nodes out of desired,
-//! with the stages of the others) under a header line. Otherwise: plain
-//! lines, one per change of a node's attempt or stage, and one per change of
-//! convergence, so logs and tests can follow along.
+//! On a terminal: a live block (`live`) of a header line and one line per
+//! group (ready nodes out of desired, with the stages of the others), with
+//! log lines routed past it (`log_route`). Otherwise: plain lines, one per
+//! change of a node's attempt or stage, and one per change of convergence,
+//! so logs and tests can follow along.
+
+mod live;
+mod log_route;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressDrawTarget};
 use provisioning_runtime::{HostPhase, NodeStatus, StatusSnapshot};
 use tokio::sync::watch;
 
-/// How often the live display redraws its spinner.
-const SPINNER_TICK: Duration = Duration::from_millis(120);
+use self::live::LiveView;
+pub(crate) use self::log_route::LogOutput;
 
-/// Where `up` prints: live bars or plain lines.
+/// The least time between two rebuilds of the live block: snapshots of a
+/// large run can come faster than anyone reads, and each rebuild walks
+/// every group and node.
+const LIVE_REBUILD_INTERVAL_MIN: Duration = Duration::from_millis(100);
+
+/// Where `up` prints: a live block or plain lines.
 #[derive(Debug)]
 pub(crate) struct Console {
     live: Option<MultiProgress>,
+    /// The group ids in the shape file's order: the live block lists groups
+    /// as the file does (a snapshot has them in name order).
+    group_order: Mutex<Arc<[String]>>,
 }
 
 impl Console {
-    /// A console with live bars when `live`, plain lines otherwise.
+    /// A console with a live block when `live`, plain lines otherwise. The
+    /// block goes to standard output, the terminal that `live` was decided
+    /// on.
     pub(crate) fn new(live: bool) -> Self {
         Console {
-            live: live.then(MultiProgress::new),
+            live: live.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stdout())),
+            group_order: Mutex::new(Arc::from([])),
         }
     }
 
-    /// Prints one line above the bars (or plainly). Write errors are
+    /// The groups of the shape in force, in the shape file's order.
+    pub(crate) fn set_group_order(&self, ids: impl IntoIterator<Item = String>) {
+        *self
+            .group_order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = ids.into_iter().collect();
+    }
+
+    /// Prints one line above the live block (or plainly). Write errors are
     /// ignored: a closed stdout must not stop the cluster.
     pub(crate) fn line(&self, text: impl AsRef<str>) {
         match &self.live {
@@ -49,7 +73,10 @@ impl Console {
     /// Follows snapshots until the host stops.
     pub(crate) async fn follow(&self, mut progress: watch::Receiver<StatusSnapshot>) {
         let mut view = match &self.live {
-            Some(bars) => View::Live(LiveView::new(bars.clone())),
+            Some(bars) => {
+                log_route::route_past(bars);
+                View::Live(LiveView::new(bars))
+            }
             None => View::Plain(PlainView::default()),
         };
         let mut paused: BTreeMap<String, String> = BTreeMap::new();
@@ -59,21 +86,33 @@ impl Console {
             self.breaker_events(&mut paused, &snapshot);
             match &mut view {
                 View::Live(live) => {
-                    // Plain mode prints every change anyway; above the bars,
-                    // only what an operator must not miss.
+                    // Plain mode prints every change anyway; above the
+                    // block, only what an operator must not miss.
                     for event in node_events(&mut attempts, &snapshot) {
                         self.line(event);
                     }
-                    live.show(&snapshot);
+                    let order = self
+                        .group_order
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone();
+                    live.show(&snapshot, &order);
                 }
                 View::Plain(plain) => plain.show(self, &snapshot),
             }
-            if snapshot.phase == HostPhase::Stopped || progress.changed().await.is_err() {
+            if snapshot.phase == HostPhase::Stopped {
+                break;
+            }
+            if matches!(view, View::Live(_)) {
+                tokio::time::sleep(LIVE_REBUILD_INTERVAL_MIN).await;
+            }
+            if progress.changed().await.is_err() {
                 break;
             }
         }
         if let View::Live(live) = view {
             live.finish();
+            log_route::route_straight();
         }
     }
 }
@@ -157,98 +196,6 @@ fn header(snapshot: &StatusSnapshot) -> String {
             "run {run} · stopped · {} node(s) left",
             snapshot.nodes.len()
         ),
-    }
-}
-
-/// Counts of the stages of not-ready nodes, as `2 bootstrap-running, 1 new`.
-fn stage_summary<'a>(nodes: impl Iterator<Item = &'a NodeStatus>) -> String {
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for node in nodes.filter(|n| !n.ready) {
-        let label = if node.deleting {
-            "removing".to_owned()
-        } else {
-            node.stage.clone()
-        };
-        *counts.entry(label).or_default() += 1;
-    }
-    let mut text = String::new();
-    for (stage, count) in counts {
-        if !text.is_empty() {
-            text.push_str(", ");
-        }
-        let _ = write!(text, "{count} {stage}");
-    }
-    text
-}
-
-struct LiveView {
-    bars: MultiProgress,
-    top: ProgressBar,
-    groups: BTreeMap<String, ProgressBar>,
-    style: ProgressStyle,
-}
-
-impl LiveView {
-    fn new(bars: MultiProgress) -> Self {
-        let top = bars.add(ProgressBar::new_spinner());
-        top.enable_steady_tick(SPINNER_TICK);
-        let style = ProgressStyle::with_template(
-            "  {prefix:>14.bold} [{bar:24.green/white}] {pos}/{len} ready  {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-        LiveView {
-            bars,
-            top,
-            groups: BTreeMap::new(),
-            style,
-        }
-    }
-
-    fn show(&mut self, snapshot: &StatusSnapshot) {
-        self.top.set_message(header(snapshot));
-        // Desired groups, and groups whose nodes are still being removed.
-        let mut shown: BTreeMap<&str, (u32, u32)> = snapshot
-            .groups
-            .iter()
-            .map(|g| (g.id.as_str(), (g.ready, g.desired)))
-            .collect();
-        for node in &snapshot.nodes {
-            shown.entry(node.group.as_str()).or_insert((0, 0));
-        }
-        self.groups.retain(|id, bar| {
-            let keep = shown.contains_key(id.as_str());
-            if !keep {
-                bar.finish_and_clear();
-                self.bars.remove(bar);
-            }
-            keep
-        });
-        for (id, (ready, desired)) in shown {
-            let bar = self.groups.entry(id.to_owned()).or_insert_with(|| {
-                let bar = self.bars.add(ProgressBar::new(0));
-                bar.set_style(self.style.clone());
-                bar.set_prefix(id.to_owned());
-                // Draws are rate-limited: without a steady tick, the last
-                // change before a quiet spell could stay undrawn, and the
-                // bar would show a stale count under a fresh header.
-                bar.enable_steady_tick(SPINNER_TICK);
-                bar
-            });
-            bar.set_length(u64::from(desired));
-            bar.set_position(u64::from(ready));
-            bar.set_message(stage_summary(
-                snapshot.nodes.iter().filter(|n| n.group == id),
-            ));
-        }
-    }
-
-    fn finish(self) {
-        for bar in self.groups.values() {
-            bar.finish_and_clear();
-        }
-        self.top.finish_and_clear();
-        let _ = self.bars.clear();
     }
 }
 
