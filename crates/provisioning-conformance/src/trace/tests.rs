@@ -1,6 +1,10 @@
 //! The text form's round trip, its rejections and the shrinker's
 //! simplifications.
 
+use provisioning::EffectKind;
+use provisioning::observe::LossCause;
+use provisioning::state::BootstrapFailure;
+
 use super::*;
 
 fn every_input_shape() -> Vec<Input> {
