@@ -13,6 +13,7 @@
 //! format).
 
 pub mod durable;
+mod fold;
 pub mod host;
 mod metrics;
 pub mod plan;
