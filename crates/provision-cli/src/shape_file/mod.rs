@@ -381,6 +381,9 @@ fn with_group_tables(
     error
 }
 
+/// A provider the file configures: its module and its settings.
+type Configured = (&'static dyn ProviderModule, Arc<dyn ConfiguredProvider>);
+
 /// Configures every served provider: each one whose table the file has,
 /// and each one that needs no table; in the registry's order.
 fn configure(
@@ -388,7 +391,7 @@ fn configure(
     run_id: &RunId,
     tables: Vec<ProviderTable<'_>>,
     served: &[&'static dyn ProviderModule],
-) -> Result<Vec<(&'static dyn ProviderModule, Arc<dyn ConfiguredProvider>)>, ShapeFileError> {
+) -> Result<Vec<Configured>, ShapeFileError> {
     let mut tables: BTreeMap<String, ProviderTable<'_>> = tables
         .into_iter()
         .map(|(name, table)| (name.get_ref().clone(), (name, table)))
@@ -491,7 +494,7 @@ fn check_group(
     group: &Spanned<FileGroup>,
     run_id: &RunId,
     served: &[&'static dyn ProviderModule],
-    configured: &[(&'static dyn ProviderModule, Arc<dyn ConfiguredProvider>)],
+    configured: &[Configured],
     tables: Vec<(&'static str, Spanned<DeValue<'_>>)>,
 ) -> Result<NodeGroup, ShapeFileError> {
     let field = |name: &str| Some(format!("group[{index}].{name}"));
