@@ -62,7 +62,11 @@ impl ProviderModule for Exec {
         table: Option<Spanned<DeValue<'_>>>,
     ) -> Result<Arc<dyn ConfiguredProvider>, ShapeFileError> {
         let Some(table) = table else {
-            return Err(at.error(None, Some("providers.exec".to_owned()), "missing table"));
+            return Err(at.error(
+                None,
+                Some("providers.exec".to_owned()),
+                "the file has no [providers.exec] table",
+            ));
         };
         let spanned: Spanned<FileExecProvider> = at.deserialize_value(table, "providers.exec")?;
         let exec = spanned.get_ref();
