@@ -505,7 +505,7 @@ fn plugin_config(run_id: &RunId) -> ProcessPluginConfig {
 }
 
 /// The host configuration `provision up` uses, for `run_id` (its policy is
-/// `local::retry_policy()` of the CLI, which a bench cannot call), unless
+/// `providers::retry_policy()` of the CLI, which a bench cannot call), unless
 /// the options override the probe interval.
 fn host_config(run_id: &RunId, options: &Options) -> HostConfig {
     let mut config = HostConfig::new(run_id.clone());

@@ -8,10 +8,9 @@
 mod conformance;
 mod control;
 mod display;
-mod local;
+mod located;
+mod providers;
 mod shape_file;
-mod slurm_provider;
-mod ssh_provider;
 mod state;
 mod up;
 
@@ -172,8 +171,8 @@ fn main() -> ExitCode {
     // The agent gets its arguments untouched by clap.
     let mut raw = std::env::args_os().skip(1);
     if let Some(first) = raw.next() {
-        if first == local::AGENT_SUBCOMMAND {
-            return local::agent_main(raw.collect());
+        if first == providers::AGENT_SUBCOMMAND {
+            return providers::agent_main(raw.collect());
         }
     }
     let cli = Cli::parse();
@@ -256,7 +255,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             seeds,
             junit,
         } => runtime()?.block_on(conformance::run(&plugin, seeds, junit.as_deref())),
-        Command::Agent { args } => Ok(local::agent_main(args)),
+        Command::Agent { args } => Ok(providers::agent_main(args)),
     }
 }
 
@@ -321,7 +320,7 @@ async fn plan(location: &SocketLocation, file: &Path, json: bool) -> anyhow::Res
             return Ok(ExitCode::from(EXIT_INVALID_INPUT));
         }
     };
-    let source = match shape_file::parse(file, &text, local::PROVIDERS) {
+    let source = match shape_file::parse(file, &text, &providers::kinds()) {
         Ok(source) => source,
         Err(error) => {
             eprintln!("error: {error}");
@@ -509,7 +508,7 @@ async fn resume(
 }
 
 fn validate(file: &Path) -> ExitCode {
-    match shape_file::load(file, local::PROVIDERS) {
+    match shape_file::load(file, &providers::kinds()) {
         Ok(source) => {
             print(&format!(
                 "{}: valid: run {}, {} group(s), {} node(s)\n",

@@ -14,7 +14,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::control::{self, SocketLocation};
 use crate::display::Console;
-use crate::local::{self, PROVIDERS};
+use crate::providers;
 use crate::shape_file;
 use crate::state::{self, StateLocation};
 use crate::{EXIT_FAILURE, EXIT_INVALID_INPUT};
@@ -68,7 +68,7 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
         Ok(text) => text,
         Err(error) => return Ok(invalid(&error)),
     };
-    let source = match shape_file::parse(file, &text, PROVIDERS) {
+    let source = match shape_file::parse(file, &text, &providers::kinds()) {
         Ok(source) => source,
         Err(error) => return Ok(invalid(&error)),
     };
@@ -152,7 +152,7 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
         }
     }
 
-    let server = tokio::spawn(control::serve(listener, handle.clone(), PROVIDERS.to_vec()));
+    let server = tokio::spawn(control::serve(listener, handle.clone(), providers::kinds()));
     let display = {
         let console = console.clone();
         let progress = handle.subscribe();
@@ -220,19 +220,13 @@ async fn start_host(
     shutdown_timeout: Duration,
     metrics: bool,
 ) -> anyhow::Result<Host> {
-    let mut plugins = local::start_plugins(run_id, secret.clone(), &source.process).await?;
-    if let Some(exec) = &source.exec {
-        plugins.push(local::start_exec(exec).await?);
-    }
-    if let Some(slurm) = &source.slurm {
-        plugins.push(crate::slurm_provider::start_slurm(run_id, secret.clone(), slurm).await?);
-    }
-    if let Some(ssh) = &source.ssh {
-        plugins.push(crate::ssh_provider::start_ssh(run_id, secret, ssh).await?);
+    let mut plugins = Vec::with_capacity(source.providers.len());
+    for provider in &source.providers {
+        plugins.push(provider.start(run_id, secret.clone()).await?);
     }
     let mut config = HostConfig::new(run_id.clone());
     config.limits = limits;
-    config.policy = local::retry_policy();
+    config.policy = providers::retry_policy();
     config.shutdown_deadline = shutdown_timeout;
     config.metrics = metrics;
     Ok(Host::start_durable(config, plugins, durability)?)
@@ -289,12 +283,9 @@ pub(crate) async fn down_from_state(
         }
     };
     let run_id = RunId::new(run.as_str());
-    // Detached agents that outlived the crash are found through /proc
-    // whatever the setting; agents started from here on (none: this is a
-    // teardown) would die with this process.
     // The providers are those of the file the run was started from, kept
-    // in the state; without it (or if it no longer parses), only the
-    // embedded provider is served.
+    // in the state; without it (or if it no longer parses), only those
+    // that can reach their nodes without it are served (the embedded one).
     let source = match stored_source(&durability, &run_id) {
         Ok(source) => source,
         Err(why) => {
@@ -302,14 +293,10 @@ pub(crate) async fn down_from_state(
                 "{why}; serving the embedded provider only (nodes of other providers are left to them)\n"
             ));
             shape_file::ShapeSource {
-                path: std::path::PathBuf::new(),
                 run_id: run_id.clone(),
                 groups: Vec::new(),
-                process: shape_file::ProcessSettings::default(),
                 limits: provisioning::Limits::default(),
-                exec: None,
-                ssh: None,
-                slurm: None,
+                providers: providers::without_file(),
             }
         }
     };
@@ -350,7 +337,7 @@ fn stored_source(
     let (Some(path), Some(text)) = (value["path"].as_str(), value["text"].as_str()) else {
         return Err("the kept shape file is incomplete".to_owned());
     };
-    let source = shape_file::parse(std::path::Path::new(path), text, PROVIDERS)
+    let source = shape_file::parse(std::path::Path::new(path), text, &providers::kinds())
         .map_err(|e| format!("the kept shape file no longer parses: {e}"))?;
     if source.run_id != *run_id {
         return Err(format!(
@@ -404,7 +391,7 @@ async fn watch_file(
 
 /// Applies one edit. Returns `false` when the host no longer takes shapes.
 async fn apply_edit(path: &Path, text: &str, handle: &HostHandle, console: &Console) -> bool {
-    let source = match shape_file::parse(path, text, PROVIDERS) {
+    let source = match shape_file::parse(path, text, &providers::kinds()) {
         Ok(source) => source,
         Err(error) => {
             console.line(format!(

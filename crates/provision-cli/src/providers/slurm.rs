@@ -1,7 +1,6 @@
-//! `[providers.slurm]` and a group's `slurm` table: nodes from a Slurm
-//! cluster (`provisioning-slurm`). The shape file's parser calls [`check`]
-//! for the provider table and [`group_labels`] for each group; `up` (and a
-//! `down` after a crash) starts the plugin with [`start_slurm`].
+//! `provider = "slurm"`: nodes from a Slurm cluster (`provisioning-slurm`).
+//! This module reads `[providers.slurm]` and a group's `slurm` table (folded
+//! into the group's labels as `slurm.*`) and starts the plugin.
 //!
 //! ```toml
 //! [providers.slurm]
@@ -18,6 +17,8 @@
 //! slurm = { partition = "debug", cpus = 1, memory = "100M", time_limit = "60" }
 //! ```
 
+#[cfg(test)]
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -29,30 +30,93 @@ use provisioning_process::RunSecret;
 use provisioning_runtime::PluginEntry;
 use provisioning_slurm::{GroupShape, SlurmPlugin, SlurmPluginConfig, SlurmSettings};
 use toml::Spanned;
+use toml::de::DeValue;
 
-/// The provider kind `[providers.slurm]` serves.
-pub(crate) const SLURM_PROVIDER: &str = "slurm";
+use super::{ConfiguredProvider, PluginStart, ProviderModule};
+use crate::located::{Locator, ShapeFileError};
+
+/// The provider kind `[providers.slurm]` serves, and the name of its
+/// groups' table.
+const KIND: &str = "slurm";
+
+/// The Slurm provider's module.
+pub(super) struct Slurm;
 
 /// The argument that makes the `provision` binary run as a node agent.
 const AGENT_ARGUMENT: &str = "agent";
 
 /// `[providers.slurm]` as written: the crate's own settings type, which
-/// rejects unknown keys (the parser places them at their line).
-pub(crate) type FileSlurmProvider = SlurmSettings;
+/// rejects unknown keys (the locator places them at their line).
+type FileSlurmProvider = SlurmSettings;
 
 /// A group's `slurm` table as written.
-pub(crate) type FileSlurmGroup = GroupShape;
+type FileSlurmGroup = GroupShape;
 
-/// A problem with its place in the file; the shape file's parser turns it
-/// into a located error.
+/// A problem with its place in the file; [`Slurm`] places it in the file.
 #[derive(Debug)]
-pub(crate) struct SlurmFieldError {
+struct SlurmFieldError {
     /// The bytes of the file the problem is about.
-    pub(crate) span: Option<Range<usize>>,
+    span: Option<Range<usize>>,
     /// The field, dotted (`providers.slurm.listen`, `group[1].slurm`).
-    pub(crate) field: String,
+    field: String,
     /// What is wrong.
-    pub(crate) message: String,
+    message: String,
+}
+
+impl ProviderModule for Slurm {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn needs_table(&self) -> bool {
+        true
+    }
+
+    fn takes_group_table(&self) -> bool {
+        true
+    }
+
+    fn configure(
+        &self,
+        at: &Locator<'_>,
+        _run_id: &RunId,
+        table: Option<Spanned<DeValue<'_>>>,
+    ) -> Result<Arc<dyn ConfiguredProvider>, ShapeFileError> {
+        let Some(table) = table else {
+            return Err(at.error(
+                None,
+                Some("providers.slurm".to_owned()),
+                "the file has no [providers.slurm] table",
+            ));
+        };
+        let table: Spanned<FileSlurmProvider> = at.deserialize_value(table, "providers.slurm")?;
+        let settings =
+            check(at.path, &table).map_err(|e| at.error(e.span, Some(e.field), e.message))?;
+        Ok(Arc::new(settings))
+    }
+
+    fn group_labels(
+        &self,
+        at: &Locator<'_>,
+        index: usize,
+        labels: &BTreeMap<String, String>,
+        table: Spanned<DeValue<'_>>,
+    ) -> Result<BTreeMap<String, String>, ShapeFileError> {
+        let field = format!("group[{index}].{KIND}");
+        let table: Spanned<FileSlurmGroup> = at.deserialize_value(table, &field)?;
+        group_labels(index, labels, &table).map_err(|e| at.error(e.span, Some(e.field), e.message))
+    }
+}
+
+impl ConfiguredProvider for SlurmCliSettings {
+    fn start<'a>(&'a self, run_id: &'a RunId, secret: RunSecret) -> PluginStart<'a> {
+        Box::pin(start_slurm(run_id, secret, self))
+    }
+
+    #[cfg(test)]
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
 }
 
 /// `[providers.slurm]`, checked: paths resolved against the shape file.
@@ -74,13 +138,10 @@ fn resolve(file: &Path, path: &Path) -> PathBuf {
 ///
 /// # Errors
 /// The first problem, placed at the table.
-pub(crate) fn check(
+fn check(
     file: &Path,
-    table: Option<&Spanned<FileSlurmProvider>>,
-) -> Result<Option<SlurmCliSettings>, SlurmFieldError> {
-    let Some(table) = table else {
-        return Ok(None);
-    };
+    table: &Spanned<FileSlurmProvider>,
+) -> Result<SlurmCliSettings, SlurmFieldError> {
     let mut settings = table.get_ref().clone();
     let fail = |field: &str, message: String| SlurmFieldError {
         span: Some(table.span()),
@@ -102,34 +163,24 @@ pub(crate) fn check(
     }
     settings.slurm_conf = settings.slurm_conf.map(|p| resolve(file, &p));
     settings.agent = settings.agent.map(|p| resolve(file, &p));
-    Ok(Some(SlurmCliSettings { settings }))
+    Ok(SlurmCliSettings { settings })
 }
 
 /// The labels of group `index` with its `slurm` table folded in (as
 /// `slurm.*` labels, which the plugin reads back).
 ///
 /// # Errors
-/// A `slurm` table on a group of another provider, or a value the plugin
-/// would refuse, placed at the table.
-pub(crate) fn group_labels(
+/// A value the plugin would refuse, placed at the table.
+fn group_labels(
     index: usize,
-    provider: &str,
     labels: &BTreeMap<String, String>,
-    table: Option<&Spanned<FileSlurmGroup>>,
+    table: &Spanned<FileSlurmGroup>,
 ) -> Result<BTreeMap<String, String>, SlurmFieldError> {
-    let Some(table) = table else {
-        return Ok(labels.clone());
-    };
     let fail = |message: String| SlurmFieldError {
         span: Some(table.span()),
-        field: format!("group[{index}].slurm"),
+        field: format!("group[{index}].{KIND}"),
         message,
     };
-    if provider != SLURM_PROVIDER {
-        return Err(fail(format!(
-            "a slurm table only applies to groups with provider = \"slurm\" (this one has {provider:?})"
-        )));
-    }
     let mut merged = labels.clone();
     merged.extend(table.get_ref().to_labels());
     GroupShape::from_labels(&merged).map_err(|e| fail(e.to_string()))?;
@@ -140,12 +191,13 @@ pub(crate) fn group_labels(
 ///
 /// # Errors
 /// When the swarm listener cannot bind or this binary cannot be found.
-pub(crate) async fn start_slurm(
+async fn start_slurm(
     run_id: &RunId,
     secret: RunSecret,
     settings: &SlurmCliSettings,
 ) -> anyhow::Result<PluginEntry> {
     let settings = &settings.settings;
+    // agent: the Slurm agent command is chosen here (the table's, or this binary).
     let agent = match &settings.agent {
         Some(path) => vec![path.display().to_string(), AGENT_ARGUMENT.to_owned()],
         None => vec![
@@ -171,7 +223,12 @@ pub(crate) async fn start_slurm(
 
 #[cfg(test)]
 mod tests {
-    use crate::shape_file::parse;
+    use super::*;
+    use crate::shape_file::{ShapeSource, parse};
+
+    fn parse_text(text: &str) -> Result<ShapeSource, ShapeFileError> {
+        parse(Path::new("hpc.toml"), text, &super::super::kinds())
+    }
 
     const GOOD: &str = r#"
 run = "hpc"
@@ -188,8 +245,12 @@ slurm = { partition = "debug", cpus = 1, memory = "100M" }
 
     #[test]
     fn a_slurm_group_carries_its_table_as_labels() {
-        let source = parse("hpc.toml".as_ref(), GOOD, &["process"]).expect("parses");
-        let settings = source.slurm.expect("slurm settings").settings;
+        let source = parse_text(GOOD).expect("parses");
+        let settings = source
+            .settings::<SlurmCliSettings>()
+            .expect("slurm settings")
+            .settings
+            .clone();
         assert_eq!(
             settings.slurm_conf.as_deref(),
             Some(std::path::Path::new("/etc/slurm/slurm.conf"))
@@ -205,14 +266,12 @@ slurm = { partition = "debug", cpus = 1, memory = "100M" }
     #[test]
     fn unknown_keys_are_refused_with_their_line() {
         let text = GOOD.replace("cpus = 1", "gpus = 1");
-        let error = parse("hpc.toml".as_ref(), &text, &["process"]).expect_err("refused");
+        let error = parse_text(&text).expect_err("refused");
         let shown = error.to_string();
         assert!(shown.contains("hpc.toml:11"), "{shown}");
         assert!(shown.contains("gpus"), "{shown}");
         let text = GOOD.replace("slurm_conf =", "slurm_cnof =");
-        let shown = parse("hpc.toml".as_ref(), &text, &["process"])
-            .expect_err("refused")
-            .to_string();
+        let shown = parse_text(&text).expect_err("refused").to_string();
         assert!(shown.contains("hpc.toml:5"), "{shown}");
         assert!(shown.contains("slurm_cnof"), "{shown}");
     }
@@ -220,14 +279,10 @@ slurm = { partition = "debug", cpus = 1, memory = "100M" }
     #[test]
     fn a_slurm_table_on_another_provider_or_a_bad_value_is_refused() {
         let text = GOOD.replace("provider = \"slurm\"", "provider = \"process\"");
-        let shown = parse("hpc.toml".as_ref(), &text, &["process"])
-            .expect_err("refused")
-            .to_string();
+        let shown = parse_text(&text).expect_err("refused").to_string();
         assert!(shown.contains("group[0].slurm"), "{shown}");
         let text = GOOD.replace("cpus = 1", "cpus = 0");
-        let shown = parse("hpc.toml".as_ref(), &text, &["process"])
-            .expect_err("refused")
-            .to_string();
+        let shown = parse_text(&text).expect_err("refused").to_string();
         assert!(shown.contains("hpc.toml:11"), "{shown}");
     }
 }

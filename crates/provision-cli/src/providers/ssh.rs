@@ -1,7 +1,6 @@
-//! `[providers.ssh]`: machines the user already owns, reached over SSH
-//! (`provisioning-ssh`). This module parses and checks the table (the shape
-//! file's parser calls [`check`] with the deserialized table) and starts the
-//! plugin ([`start_ssh`]).
+//! `provider = "ssh"`: machines the user already owns, reached over SSH
+//! (`provisioning-ssh`). This module reads and checks `[providers.ssh]`
+//! and starts the plugin.
 //!
 //! ```toml
 //! [providers.ssh]
@@ -24,9 +23,12 @@
 //! claim_root = "/var/lib/provisioning/claims"  # optional
 //! ```
 
+#[cfg(test)]
+use std::any::Any;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use provisioning::RunId;
@@ -35,9 +37,16 @@ use provisioning_runtime::PluginEntry;
 use provisioning_ssh::{SshAgentConfig, SshHost, SshPlugin, SshPluginConfig};
 use serde::Deserialize;
 use toml::Spanned;
+use toml::de::DeValue;
+
+use super::{ConfiguredProvider, PluginStart, ProviderModule};
+use crate::located::{Locator, ShapeFileError};
 
 /// The provider kind `[providers.ssh]` serves.
-pub(crate) const SSH_PROVIDER: &str = "ssh";
+const KIND: &str = "ssh";
+
+/// The SSH provider's module.
+pub(super) struct Ssh;
 
 /// How often the plugin looks for claims removed behind its back.
 const LOSS_WATCH_INTERVAL: Duration = Duration::from_secs(5);
@@ -48,7 +57,7 @@ const AGENT_ARGUMENT: &str = "agent";
 /// `[providers.ssh]` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct FileSshProvider {
+struct FileSshProvider {
     known_hosts: Spanned<String>,
     listen: Spanned<String>,
     #[serde(default)]
@@ -111,15 +120,15 @@ pub(crate) struct SshSettings {
 }
 
 /// A problem of the table: where (a byte range of the file), which field,
-/// and what is wrong. The shape file's parser turns it into a located error.
+/// and what is wrong; [`Ssh::configure`] places it in the file.
 #[derive(Debug)]
-pub(crate) struct SshFieldError {
+struct SshFieldError {
     /// The bytes of the file the problem is about.
-    pub(crate) span: Option<Range<usize>>,
+    span: Option<Range<usize>>,
     /// The field, dotted (`providers.ssh.host[1].port`).
-    pub(crate) field: String,
+    field: String,
     /// What is wrong.
-    pub(crate) message: String,
+    message: String,
 }
 
 fn problem(
@@ -173,11 +182,51 @@ fn seconds(value: &Option<Spanned<u64>>, field: &str) -> Result<Option<Duration>
     }
 }
 
+impl ProviderModule for Ssh {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn needs_table(&self) -> bool {
+        true
+    }
+
+    fn configure(
+        &self,
+        at: &Locator<'_>,
+        run_id: &RunId,
+        table: Option<Spanned<DeValue<'_>>>,
+    ) -> Result<Arc<dyn ConfiguredProvider>, ShapeFileError> {
+        let Some(table) = table else {
+            return Err(at.error(
+                None,
+                Some("providers.ssh".to_owned()),
+                "the file has no [providers.ssh] table",
+            ));
+        };
+        let table: Spanned<FileSshProvider> = at.deserialize_value(table, "providers.ssh")?;
+        let settings = check(at.path, run_id, &table)
+            .map_err(|e| at.error(e.span, Some(e.field), e.message))?;
+        Ok(Arc::new(settings))
+    }
+}
+
+impl ConfiguredProvider for SshSettings {
+    fn start<'a>(&'a self, run_id: &'a RunId, secret: RunSecret) -> PluginStart<'a> {
+        Box::pin(start_ssh(run_id, secret, self))
+    }
+
+    #[cfg(test)]
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// Checks `[providers.ssh]` of the shape file `file` for run `run_id`.
 ///
 /// # Errors
 /// The first problem found, with its place in the file.
-pub(crate) fn check(
+fn check(
     file: &Path,
     run_id: &RunId,
     table: &Spanned<FileSshProvider>,
@@ -362,11 +411,12 @@ impl SshSettings {
 ///
 /// # Errors
 /// When the agent cannot be read or the listener cannot be bound.
-pub(crate) async fn start_ssh(
+async fn start_ssh(
     run_id: &RunId,
     secret: RunSecret,
     settings: &SshSettings,
 ) -> anyhow::Result<PluginEntry> {
+    // agent: the SSH agent command is chosen here (the table's, or this binary).
     let (program, args) = match &settings.agent {
         Some(command) => (PathBuf::from(&command[0]), command[1..].to_vec()),
         None => (std::env::current_exe()?, vec![AGENT_ARGUMENT.to_owned()]),
@@ -390,9 +440,8 @@ pub(crate) async fn start_ssh(
 
 #[cfg(test)]
 mod tests {
-    use crate::shape_file::{ShapeFileError, parse};
-
     use super::*;
+    use crate::shape_file::{ShapeSource, parse};
 
     const GOOD: &str = r#"
 run = "fleet"
@@ -422,8 +471,19 @@ count = 3
 provider = "ssh"
 "#;
 
-    fn parse_text(text: &str) -> Result<crate::shape_file::ShapeSource, ShapeFileError> {
-        parse(Path::new("/etc/fleet/shape.toml"), text, &["process"])
+    fn parse_text(text: &str) -> Result<ShapeSource, ShapeFileError> {
+        parse(
+            Path::new("/etc/fleet/shape.toml"),
+            text,
+            &super::super::kinds(),
+        )
+    }
+
+    fn ssh_of(source: &ShapeSource) -> SshSettings {
+        source
+            .settings::<SshSettings>()
+            .expect("ssh settings")
+            .clone()
     }
 
     fn check_error(text: &str, line: usize, field: &str, says: &str) {
@@ -438,7 +498,7 @@ provider = "ssh"
     #[test]
     fn a_valid_inventory_is_read_with_defaults_and_paths_beside_the_file() {
         let source = parse_text(GOOD).expect("valid");
-        let ssh = source.ssh.expect("ssh settings");
+        let ssh = ssh_of(&source);
         assert_eq!(
             ssh.known_hosts,
             PathBuf::from("/etc/fleet/keys/known_hosts")
@@ -453,14 +513,17 @@ provider = "ssh"
         assert_eq!(ssh.hosts[0].identity_file, Some(PathBuf::from("/keys/id")));
         assert_eq!(ssh.hosts[1].port, 2222);
         assert_eq!(ssh.hosts[1].slots, 1);
-        assert_eq!(source.groups[0].template.provider, SSH_PROVIDER);
+        assert_eq!(source.groups[0].template.provider, KIND);
     }
 
     #[test]
     fn an_ssh_group_without_the_table_names_the_served_kinds() {
-        let text = "run = \"r\"\n[[group]]\nid = \"w\"\ncount = 1\nprovider = \"ssh\"\n";
+        let text = "run = \"r\"\n[[group]]\nid = \"web\"\ncount = 1\nprovider = \"ssh\"\n";
         let error = parse_text(text).expect_err("no ssh table");
-        assert!(error.to_string().contains("available: process"), "{error}");
+        assert_eq!(
+            error.to_string(),
+            "/etc/fleet/shape.toml:5:12: field `group[0].provider`: group \"web\" uses provider \"ssh\", but the file has no [providers.ssh] table"
+        );
     }
 
     #[test]
@@ -521,7 +584,7 @@ provider = "ssh"
             "listen = \"10.0.0.1:7100\"",
             "listen = \"0.0.0.0:7100\"\nadvertise = \"10.0.0.1:0\"",
         );
-        let ssh = parse_text(&text).expect("valid").ssh.expect("ssh");
+        let ssh = ssh_of(&parse_text(&text).expect("valid"));
         assert!(ssh.listen.ip().is_unspecified());
         assert_eq!(ssh.advertise, Some("10.0.0.1:0".parse().expect("address")));
     }
