@@ -22,8 +22,11 @@
 //! kit's own model (plain-millisecond time, [`DesiredSlots`], readiness,
 //! ownership) and `observed.rs` what the harness saw around a moment
 //! (`FoldCause`, `SlotChange`, `NewDispatch`). The families lean on
-//! those three and never on each other or on this file; this file only hands
-//! their checks on to the harness, under the names it has always called.
+//! those three and never on each other or on this file. This file hands
+//! their checks on to the harness under the names it has always called, and
+//! runs together the families due at one fold ([`at_fold`]), one backend
+//! call start ([`at_call_start`]) and one dispatched operation
+//! ([`at_dispatch`]).
 //!
 //! The harness decides when to run them:
 //!
@@ -65,6 +68,14 @@ mod retry;
 mod stages;
 mod verdict;
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use provisioning::{
+    ClusterState, LogicalNodeId, ManagedNode, NodeAttemptId, OperationId, RetryPolicy, Timestamp,
+};
+
+use crate::substrate::CallRecord;
+
 pub(crate) use dispatch::{
     ExecutorSeen, g04_call_was_recorded, g04_drive_report_matches_sink,
     g04_driver_counts_what_it_did, g04_executor_accounts_for_its_results,
@@ -100,7 +111,7 @@ pub(crate) use model::{
     DesiredSlots, at_or_after, creates_pending, kit_ready, later_than, owned, unavailable_slots,
 };
 pub(crate) use observed::{
-    Condition, FoldCause, condition, new_dispatches, pass_before, slot_changes,
+    Condition, FoldCause, NewDispatch, condition, new_dispatches, pass_before, slot_changes,
 };
 pub(crate) use plan::{
     Held, Holds, g19_converged_has_no_requeue, g19_pass_did_what_it_planned,
@@ -123,3 +134,78 @@ pub(crate) use stages::{
     g32_stages_agree_with_facts, g32_teardown_names_its_cause,
 };
 pub(crate) use verdict::{Breach, Verdict, breach, describe_node, describe_pending};
+
+// The moments at which the harness runs several families at once. Each runs
+// its checks in a fixed order and stops at the first breach, so a report
+// names the same guarantee on every replay.
+
+/// The checks of one fold — a result or an observation folded on `id`,
+/// `before` and `after` being the node around it, `failures` the kit's own
+/// count of the slot's consecutive failures after it: G32 (stage, loss
+/// reason), G07, G09, G11 and G12.
+pub(crate) fn at_fold(
+    id: &LogicalNodeId,
+    before: &ManagedNode,
+    after: &ManagedNode,
+    cause: &FoldCause<'_>,
+    policy: &RetryPolicy,
+    now: Timestamp,
+    failures: u32,
+) -> Verdict {
+    g32_stage_agrees_with_facts(id, after)
+        .and_then(|()| g32_loss_names_what_was_lost(id, before, after, cause))
+        .and_then(|()| g07_facts_leave_only_on_confirmed_absence(id, before, after, cause))
+        .and_then(|()| {
+            g09_delays_follow_the_policy(id, before, after, cause, policy, now, failures)
+        })
+        .and_then(|()| g11_probe_is_not_failure(id, before, after, cause))
+        .and_then(|()| g12_wrong_answer_is_ambiguous(id, after, cause))
+        .and_then(|()| g12_ambiguity_forgotten_only_by_an_answer(id, before, after, cause))
+}
+
+/// The checks of one backend call start: G05 (one call per attempt in
+/// flight) and G04 (recorded pending, not overtaken by a newer operation of
+/// its attempt, and — on a `strict` substrate, where every start before an
+/// expiry was seen before it — not started after its expiry). `newest`
+/// records the call as the newest of its attempt.
+pub(crate) fn at_call_start(
+    call: &CallRecord,
+    state: &ClusterState,
+    timed_out: &BTreeSet<OperationId>,
+    ever_pending: &BTreeSet<OperationId>,
+    expired: &BTreeSet<OperationId>,
+    newest: &mut BTreeMap<NodeAttemptId, OperationId>,
+    strict: bool,
+) -> Verdict {
+    g05_one_call_per_attempt(call)
+        .and_then(|()| g04_call_was_recorded(call, state, timed_out, ever_pending, strict))
+        .and_then(|()| g04_no_call_after_a_newer_one(call, newest))
+        .and_then(|()| {
+            if strict {
+                g04_no_call_after_its_expiry(call, expired)
+            } else {
+                Ok(())
+            }
+        })
+}
+
+/// The checks of one operation a drive dispatched (`pre` and `post` being
+/// the state around the drive): G25 (its deadline stored), G09 (not before
+/// its backoff), G12 (nothing destructive while ambiguous) and G15 (a
+/// convergence reported once, and only for a session whose join the kit
+/// reported).
+pub(crate) fn at_dispatch(
+    dispatch: &NewDispatch,
+    pre: &ClusterState,
+    post: &ClusterState,
+    policy: &RetryPolicy,
+    now: Timestamp,
+    convergence_reported: &BTreeSet<NodeAttemptId>,
+    joined: &BTreeSet<NodeAttemptId>,
+) -> Verdict {
+    g25_deadline_is_stored_at_dispatch(dispatch, policy, now)
+        .and_then(|()| g09_no_effect_before_backoff(dispatch, pre, post, now))
+        .and_then(|()| g12_no_destructive_step_while_ambiguous(dispatch, pre))
+        .and_then(|()| g15_convergence_reported_once(dispatch, convergence_reported))
+        .and_then(|()| g15_convergence_reported_after_join(dispatch, joined))
+}

@@ -38,22 +38,17 @@ impl<S: Substrate> Harness<S> {
         let mut verdict = oracle::g32_stages_agree_with_facts(post);
         let dispatches = oracle::new_dispatches(pre, post);
         for dispatch in &dispatches {
-            verdict = verdict
-                .and_then(|()| oracle::g25_deadline_is_stored_at_dispatch(dispatch, &policy, now))
-                .and_then(|()| oracle::g09_no_effect_before_backoff(dispatch, pre, post, now))
-                .and_then(|()| oracle::g12_no_destructive_step_while_ambiguous(dispatch, pre))
-                .and_then(|()| {
-                    oracle::g15_convergence_reported_once(
-                        dispatch,
-                        &self.executor_watch.convergence_reported,
-                    )
-                })
-                .and_then(|()| {
-                    oracle::g15_convergence_reported_after_join(
-                        dispatch,
-                        &self.executor_watch.joined,
-                    )
-                });
+            verdict = verdict.and_then(|()| {
+                oracle::at_dispatch(
+                    dispatch,
+                    pre,
+                    post,
+                    &policy,
+                    now,
+                    &self.executor_watch.convergence_reported,
+                    &self.executor_watch.joined,
+                )
+            });
         }
         let mut replacements = 0;
         let mut scale_downs = 0;

@@ -5,7 +5,7 @@
 
 use crate::guarantee::{GuaranteeId, Violation};
 use crate::harness::Harness;
-use crate::oracle::{self};
+use crate::oracle;
 use crate::substrate::Substrate;
 
 impl<S: Substrate> Harness<S> {
@@ -38,27 +38,18 @@ impl<S: Substrate> Harness<S> {
             // beyond any executor's single flight.
             let zombie_calls = zombies.get(&call.op).copied().unwrap_or(0);
             call.overlapping = call.overlapping.saturating_sub(zombie_calls);
-            let verdict = oracle::g05_one_call_per_attempt(&call)
-                .and_then(|()| {
-                    oracle::g04_call_was_recorded(
-                        &call,
-                        self.driver.state(),
-                        &self.timed_out,
-                        &self.ever_pending,
-                        self.strict_calls,
-                    )
-                })
-                .and_then(|()| oracle::g04_no_call_after_a_newer_one(&call, &mut self.newest_call))
-                .and_then(|()| {
-                    // With a deterministic substrate calls start only while
-                    // work runs, and every start before an expiry was looked
-                    // at before it: a start seen now came after.
-                    if self.strict_calls {
-                        oracle::g04_no_call_after_its_expiry(&call, &self.executor_watch.expired)
-                    } else {
-                        Ok(())
-                    }
-                });
+            // With a deterministic substrate calls start only while work
+            // runs, and every start before an expiry was looked at before
+            // it: a start seen now came after (the expiry form is strict).
+            let verdict = oracle::at_call_start(
+                &call,
+                self.driver.state(),
+                &self.timed_out,
+                &self.ever_pending,
+                &self.executor_watch.expired,
+                &mut self.newest_call,
+                self.strict_calls,
+            );
             self.check(verdict)?;
             self.calls.push(call);
         }

@@ -224,21 +224,7 @@ impl<S: Substrate> Harness<S> {
                 ),
             )));
         }
-        let verdict = oracle::g32_stage_agrees_with_facts(id, after)
-            .and_then(|()| oracle::g32_loss_names_what_was_lost(id, before, after, cause))
-            .and_then(|()| {
-                oracle::g07_facts_leave_only_on_confirmed_absence(id, before, after, cause)
-            })
-            .and_then(|()| {
-                oracle::g09_delays_follow_the_policy(
-                    id, before, after, cause, policy, self.now, failures,
-                )
-            })
-            .and_then(|()| oracle::g11_probe_is_not_failure(id, before, after, cause))
-            .and_then(|()| oracle::g12_wrong_answer_is_ambiguous(id, after, cause))
-            .and_then(|()| {
-                oracle::g12_ambiguity_forgotten_only_by_an_answer(id, before, after, cause)
-            });
+        let verdict = oracle::at_fold(id, before, after, cause, policy, self.now, failures);
         self.check(verdict)
     }
 }
