@@ -41,6 +41,11 @@ pub enum Rule {
     MarkDestroyed,
     /// Row 10: backoff not due.
     AwaitBackoff,
+    /// Row 10a: rejoining after a controller restart; wait for the agent's
+    /// re-join until the rejoin deadline.
+    AwaitRejoin,
+    /// Row 10b: rejoining, and the rejoin deadline came with no re-join.
+    RejoinExpired,
     /// Row 11: ready steady state.
     Steady,
     /// Row 12: no lease.
@@ -70,6 +75,8 @@ pub enum NodeAction {
     BeginDelete,
     /// Record that cleanup finished.
     MarkDestroyed,
+    /// The rejoin window of a rejoining node ended: mark the node lost.
+    ExpireRejoin,
     /// Record an operation pending and submit it.
     Dispatch(EffectKind),
 }
@@ -257,6 +264,17 @@ pub(crate) fn decide_slot(
             Rule::AwaitBackoff,
             retry.next_effect_at.map(Wake::Timer),
         ));
+    }
+
+    // Rows 10a–10b. A node the journal held as ready waits, after a
+    // controller restart, for its agent to re-join the new controller, and
+    // is lost when the window ends; it is otherwise left alone.
+    if record.stage == NodeStage::Rejoining {
+        return Some(if due(record.rejoin_by, now) {
+            NodeDecision::act(Rule::RejoinExpired, NodeAction::ExpireRejoin)
+        } else {
+            NodeDecision::wait(Rule::AwaitRejoin, record.rejoin_by.map(Wake::Timer))
+        });
     }
 
     // Row 11.

@@ -315,6 +315,9 @@ pub struct RecoveryReport {
     /// Bootstrap sessions that had not handed off: their start became
     /// ambiguous, to be re-issued (and adopted by the provider).
     pub sessions_restarted: usize,
+    /// Nodes the journal held as ready, now rejoining: not ready until their
+    /// agent re-joins the new controller.
+    pub rejoining: usize,
     /// Whether the stored allocator mark was below a stored attempt and was
     /// raised above it (a state no correct writer produces; reported, never
     /// trusted).
@@ -383,6 +386,7 @@ impl Shift {
         }
         self.apply_opt(&mut record.handed_off_at);
         self.apply_opt(&mut record.destroyed_at);
+        self.apply_opt(&mut record.rejoin_by);
         if let Some(pending) = &mut node.pending {
             pending.dispatched_at = self.apply(pending.dispatched_at);
             pending.deadline = self.apply(pending.deadline);

@@ -38,22 +38,33 @@ pub enum Observation {
         /// What is gone.
         cause: LossCause,
     },
+    /// After a controller restart, the attempt's agent re-joined this
+    /// (the new) controller: a node that was ready before the restart is
+    /// ready again.
+    AgentRejoined {
+        /// The slot.
+        node: LogicalNodeId,
+        /// The attempt whose agent re-joined.
+        attempt: NodeAttemptId,
+    },
 }
 
 impl Observation {
     /// The slot the observation is about.
     pub fn node(&self) -> &LogicalNodeId {
         match self {
-            Observation::Bootstrap { node, .. } | Observation::NodeLost { node, .. } => node,
+            Observation::Bootstrap { node, .. }
+            | Observation::NodeLost { node, .. }
+            | Observation::AgentRejoined { node, .. } => node,
         }
     }
 
     /// The attempt the observation is about.
     pub fn attempt(&self) -> NodeAttemptId {
         match self {
-            Observation::Bootstrap { attempt, .. } | Observation::NodeLost { attempt, .. } => {
-                *attempt
-            }
+            Observation::Bootstrap { attempt, .. }
+            | Observation::NodeLost { attempt, .. }
+            | Observation::AgentRejoined { attempt, .. } => *attempt,
         }
     }
 }
@@ -152,6 +163,7 @@ pub(crate) fn observation_fold_may_fail(node: &ManagedNode, observation: &Observ
             BootstrapEvent::Failed { .. } => true,
         },
         Observation::NodeLost { .. } => true,
+        Observation::AgentRejoined { .. } => false,
     }
 }
 
@@ -165,6 +177,7 @@ pub(crate) struct FoldableCondition {
     bootstrap: Option<(SessionState, BootstrapStage, bool, bool)>,
     joined_at: Option<Timestamp>,
     handed_off_at: Option<Timestamp>,
+    rejoin_by: Option<Timestamp>,
     ambiguous: Option<(OperationId, EffectKind)>,
     next_effect_at: Option<Timestamp>,
     consecutive_failures: u32,
@@ -186,6 +199,7 @@ impl FoldableCondition {
             }),
             joined_at: record.swarm.as_ref().map(|s| s.joined_at),
             handed_off_at: record.handed_off_at,
+            rejoin_by: record.rejoin_by,
             ambiguous: node.retry.ambiguous.as_ref().map(|a| (a.op, a.kind)),
             next_effect_at: node.retry.next_effect_at,
             consecutive_failures: node.retry.consecutive_failures,
@@ -549,6 +563,64 @@ pub(crate) fn fold_loss(
         return Ok(());
     }
     fail_attempt(node, cause.to_string(), false, ctx)
+}
+
+/// Folds the re-join of a node's agent after a controller restart: a
+/// rejoining node is ready again (dormant), as it was before the restart.
+/// Any other node is left as it is: an agent may re-dial a controller it
+/// never left, and that says nothing new.
+pub(crate) fn fold_rejoin(node: &mut ManagedNode, ctx: &FoldContext<'_>) {
+    if node.record.stage != NodeStage::Rejoining {
+        return;
+    }
+    node.record.stage = NodeStage::Dormant;
+    node.record.rejoin_by = None;
+    // A rejoining node is active (a teardown ends the rejoin); its spec may
+    // have drifted since the restart, and then it is torn down, not ready.
+    node.record.ready = node.intent == Intent::Active && ctx.spec_is_desired;
+}
+
+/// Marks a node the journal held as ready as rejoining, at recovery: not
+/// ready until its agent re-joins the new controller, lost at `rejoin_by`.
+pub(crate) fn await_rejoin(node: &mut ManagedNode, rejoin_by: Timestamp) {
+    node.record.stage = NodeStage::Rejoining;
+    node.record.ready = false;
+    node.record.rejoin_by = Some(rejoin_by);
+}
+
+/// The reason a rejoining node is lost when its window ends.
+pub(crate) fn rejoin_expired_reason(window: std::time::Duration) -> String {
+    format!(
+        "the node's agent did not re-join the restarted controller within {} s",
+        window.as_secs()
+    )
+}
+
+/// The rejoin window of a rejoining node ended with no re-join: the node is
+/// lost, and the ladder replaces it as any lost node.
+pub(crate) fn expire_rejoin(
+    node: &mut ManagedNode,
+    ctx: &FoldContext<'_>,
+) -> Result<(), ClockSaturated> {
+    if node.record.stage != NodeStage::Rejoining {
+        return Ok(());
+    }
+    node.record.rejoin_by = None;
+    fail_attempt(
+        node,
+        rejoin_expired_reason(ctx.policy.rejoin_window),
+        false,
+        ctx,
+    )
+}
+
+/// A rejoining node whose teardown begins is no longer waiting for its
+/// agent: it is dormant and not ready, as any node torn down.
+pub(crate) fn end_rejoin(node: &mut ManagedNode) {
+    if node.record.stage == NodeStage::Rejoining {
+        node.record.stage = NodeStage::Dormant;
+    }
+    node.record.rejoin_by = None;
 }
 
 #[cfg(test)]

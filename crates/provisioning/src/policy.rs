@@ -23,6 +23,10 @@ pub struct RetryPolicy {
     pub operation_timeout: Duration,
     /// How long to wait before probing an endpoint that was not ready.
     pub endpoint_probe_interval: Duration,
+    /// How long a node the journal held as ready may take, after a
+    /// controller restart, for its agent to re-join the new controller;
+    /// past it the node is lost and replaced.
+    pub rejoin_window: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -33,6 +37,7 @@ impl Default for RetryPolicy {
             jitter_per_mille: 0,
             operation_timeout: Duration::from_secs(30),
             endpoint_probe_interval: Duration::from_secs(1),
+            rejoin_window: Duration::from_secs(60),
         }
     }
 }

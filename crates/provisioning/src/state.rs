@@ -66,6 +66,10 @@ pub enum NodeStage {
     HandedOff,
     /// Bootstrap finished after join: the ready steady state.
     Dormant,
+    /// Ready before a controller restart, and not ready again until its
+    /// agent re-joins the new controller (or the rejoin window ends and the
+    /// node is lost). Holds what a dormant node holds.
+    Rejoining,
     /// The attempt failed; cleanup follows.
     Failed,
     /// Cleanup finished; the node awaits reap or restart.
@@ -84,6 +88,7 @@ impl NodeStage {
             NodeStage::SwarmJoined => "swarm-joined",
             NodeStage::HandedOff => "handed-off",
             NodeStage::Dormant => "dormant",
+            NodeStage::Rejoining => "rejoining",
             NodeStage::Failed => "failed",
             NodeStage::Destroyed => "destroyed",
         }
@@ -260,6 +265,10 @@ pub struct NodeRecord {
     /// When cleanup finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destroyed_at: Option<Timestamp>,
+    /// While the node is [`NodeStage::Rejoining`]: the instant its agent
+    /// must have re-joined the restarted controller by, or the node is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejoin_by: Option<Timestamp>,
 }
 
 impl NodeRecord {
@@ -275,6 +284,7 @@ impl NodeRecord {
             handed_off_at: None,
             failure: None,
             destroyed_at: None,
+            rejoin_by: None,
         }
     }
 

@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use provisioning::{
-    ClusterDriver, DURABLE_FORMAT, DriverChanges, DurableState, EffectError, EffectKind,
-    RecoveryError, RetryPolicy, RunId, Timestamp,
+    ClusterDriver, DURABLE_FORMAT, DriverChanges, DurableState, EffectError, EffectKind, NodeStage,
+    Observation, RecoveryError, RetryPolicy, RunId, Timestamp,
 };
 
 /// A journal as a test keeps it: the first change set, then every later one
@@ -149,9 +149,211 @@ fn a_recovered_driver_without_pending_work_equals_the_one_that_wrote_it() {
         ClusterDriver::recover(&run(), journal.state(), RetryPolicy::default(), now).unwrap();
     assert_eq!(report.nodes, 3);
     assert_eq!(report.pending_made_ambiguous, 0);
-    assert_eq!(recovered.state(), d.state());
     assert_eq!(recovered.desired().shape(), d.desired().shape());
+    // Readiness is re-earned (G37): every node is rejoining until its agent
+    // re-joins the new controller; then the state is the one written.
+    let mut recovered = recovered;
+    assert_eq!(report.rejoining, 3);
+    assert!(!recovered.is_converged());
+    rejoin_all(&mut recovered, now);
+    assert_eq!(recovered.state(), d.state());
     assert!(recovered.is_converged());
+}
+
+/// Folds the re-join of every rejoining node's agent at `now`.
+fn rejoin_all(d: &mut ClusterDriver, now: Timestamp) {
+    let rejoining: Vec<_> = d
+        .state()
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.record.stage == NodeStage::Rejoining)
+        .map(|(id, n)| (id.clone(), n.attempt))
+        .collect();
+    for (node, attempt) in rejoining {
+        d.apply_observation(&Observation::AgentRejoined { node, attempt }, now)
+            .unwrap();
+    }
+}
+
+/// A converged one-node driver, journaled and recovered at `recover_at`.
+fn recovered_ready(recover_at: u64) -> (ClusterDriver, RecordingSink, ClusterDriver) {
+    let mut d = tracked(vec![group("g", 1, "img:1")]);
+    let mut sink = RecordingSink::default();
+    converge(&mut d, &mut sink, at(1_000));
+    assert!(d.is_converged());
+    let state = d.durable_state(at(1_000));
+    let (r, _) =
+        ClusterDriver::recover(&run(), state, RetryPolicy::default(), at(recover_at)).unwrap();
+    (d, sink, r)
+}
+
+#[test]
+fn a_node_recovered_as_ready_is_rejoining_until_its_agent_rejoins_the_new_controller() {
+    let (_, mut sink, mut r) = recovered_ready(5_000);
+    let n = &r.state().nodes[&node("g-0")];
+    assert_eq!(n.record.stage, NodeStage::Rejoining);
+    assert!(!n.record.ready && !n.is_ready());
+    assert_eq!(n.record.rejoin_by, Some(at(5_000 + 60_000)));
+    assert!(!r.is_converged(), "never converged on the journal's word");
+    // Left alone: nothing is destroyed or restarted while it rejoins, and the
+    // driver wakes at the rejoin deadline.
+    assert!(drive(&mut r, &mut sink, at(5_000)).is_empty());
+    assert_eq!(r.requeue_at(), Some(at(65_000)));
+    assert!(drive(&mut r, &mut sink, at(64_999)).is_empty());
+    assert!(!r.is_converged());
+    let attempt = r.state().nodes[&node("g-0")].attempt;
+    r.apply_observation(
+        &Observation::AgentRejoined {
+            node: node("g-0"),
+            attempt,
+        },
+        at(6_000),
+    )
+    .unwrap();
+    let n = &r.state().nodes[&node("g-0")];
+    assert_eq!(n.record.stage, NodeStage::Dormant);
+    assert!(n.is_ready() && n.record.rejoin_by.is_none());
+    assert!(drive(&mut r, &mut sink, at(6_000)).is_empty());
+    assert!(r.is_converged());
+    assert_eq!(r.requeue_at(), None, "no rejoin timer is left");
+}
+
+#[test]
+fn a_rejoin_of_another_attempt_is_rejected_and_a_rejoin_of_a_ready_node_changes_nothing() {
+    let (_, _, mut r) = recovered_ready(5_000);
+    let attempt = r.state().nodes[&node("g-0")].attempt;
+    let before = r.state().clone();
+    let stale = Observation::AgentRejoined {
+        node: node("g-0"),
+        attempt: provisioning::NodeAttemptId::from_raw(attempt.get() + 100),
+    };
+    assert!(r.apply_observation(&stale, at(6_000)).is_err());
+    assert_eq!(r.state(), &before, "a stale re-join changes nothing");
+    let rejoin = Observation::AgentRejoined {
+        node: node("g-0"),
+        attempt,
+    };
+    r.apply_observation(&rejoin, at(6_000)).unwrap();
+    let ready = r.state().clone();
+    // The agent re-dials again later: nothing new.
+    r.apply_observation(&rejoin, at(7_000)).unwrap();
+    assert_eq!(r.state(), &ready);
+}
+
+#[test]
+fn a_rejoining_node_whose_window_ends_is_lost_and_replaced() {
+    let (_, mut sink, mut r) = recovered_ready(5_000);
+    r.set_history_depth(8);
+    let attempt = r.state().nodes[&node("g-0")].attempt;
+    // The deadline is due exactly at its instant: the node is lost.
+    let mut ops = drive(&mut r, &mut sink, at(65_000));
+    assert!(ops.iter().all(|op| op.kind() == EffectKind::DestroyLease));
+    let n = &r.state().nodes[&node("g-0")];
+    assert_eq!(n.intent, provisioning::Intent::Deleting);
+    let failure = n.record.failure.as_ref().expect("lost");
+    assert_eq!(
+        failure.reason,
+        "the node's agent did not re-join the restarted controller within 60 s"
+    );
+    let history = r.history(&node("g-0")).expect("history kept");
+    assert!(
+        history.entries().any(|t| t.stage == NodeStage::Failed
+            && t.reason.as_deref() == Some(failure.reason.as_str())),
+        "the loss is noted: {history:?}"
+    );
+    // Replaced by the ladder as any lost node: destroy, then a new attempt.
+    let mut now = 65_000;
+    for _ in 0..16 {
+        if ops.is_empty() {
+            now += 1_000;
+        }
+        for op in ops.drain(..) {
+            r.apply_executor_result(&success(&op), at(now)).unwrap();
+            if op.kind() == EffectKind::StartBootstrap {
+                r.apply_observation(
+                    &bootstrap(&op, provisioning::BootstrapEvent::Joined),
+                    at(now),
+                )
+                .unwrap();
+            }
+            if op.kind() == EffectKind::BootstrapConvergenceObserved {
+                r.apply_observation(
+                    &bootstrap(&op, provisioning::BootstrapEvent::Closed),
+                    at(now),
+                )
+                .unwrap();
+            }
+        }
+        ops = drive(&mut r, &mut sink, at(now));
+        if r.is_converged() {
+            break;
+        }
+    }
+    assert!(r.is_converged(), "{:#?}", r.state());
+    assert_ne!(r.state().nodes[&node("g-0")].attempt, attempt, "replaced");
+}
+
+#[test]
+fn a_rejoining_node_whose_slot_drifts_or_is_scaled_away_is_torn_down() {
+    for groups in [vec![group("g", 1, "img:2")], vec![group("g", 0, "img:1")]] {
+        let (_, mut sink, mut r) = recovered_ready(5_000);
+        r.update_desired(shape(2, groups)).unwrap();
+        let ops = drive(&mut r, &mut sink, at(5_000));
+        assert_eq!(one(ops, EffectKind::DestroyLease).node, node("g-0"));
+        let n = &r.state().nodes[&node("g-0")];
+        assert_eq!(n.intent, provisioning::Intent::Deleting);
+        assert_eq!(n.record.stage, NodeStage::Dormant, "no longer rejoining");
+        assert!(n.record.rejoin_by.is_none() && !n.record.ready);
+    }
+}
+
+#[test]
+fn a_rejoin_deadline_is_journaled_and_keeps_its_time_left_across_a_second_restart() {
+    let (_, mut sink, mut r) = recovered_ready(5_000);
+    r.track_changes();
+    drive(&mut r, &mut sink, at(5_000));
+    let changes = r.take_changes(at(15_000));
+    let written = changes
+        .upserts
+        .iter()
+        .find(|e| e.node.node == node("g-0"))
+        .expect("the rejoining node is written");
+    assert_eq!(written.node.record.stage, NodeStage::Rejoining);
+    assert_eq!(written.node.record.rejoin_by, Some(at(65_000)));
+    // The second controller dies 10 s into the window; a third starts on a
+    // clock of its own: the node still has 50 s left, not a fresh window.
+    let state = r.durable_state(at(15_000));
+    let (third, report) =
+        ClusterDriver::recover(&run(), state, RetryPolicy::default(), at(100)).unwrap();
+    let n = &third.state().nodes[&node("g-0")];
+    assert_eq!(n.record.stage, NodeStage::Rejoining);
+    assert_eq!(n.record.rejoin_by, Some(at(50_100)));
+    assert_eq!(report.rejoining, 0, "already rejoining, not marked again");
+}
+
+#[test]
+fn the_rejoin_window_is_the_policys() {
+    let mut d = tracked(vec![group("g", 1, "img:1")]);
+    let mut sink = RecordingSink::default();
+    converge(&mut d, &mut sink, at(0));
+    let policy = RetryPolicy {
+        rejoin_window: std::time::Duration::from_secs(5),
+        ..RetryPolicy::default()
+    };
+    let (mut r, _) = ClusterDriver::recover(&run(), d.durable_state(at(0)), policy, at(0)).unwrap();
+    assert_eq!(
+        r.state().nodes[&node("g-0")].record.rejoin_by,
+        Some(at(5_000))
+    );
+    drive(&mut r, &mut sink, at(5_000));
+    assert_eq!(
+        r.state().nodes[&node("g-0")]
+            .record
+            .failure
+            .as_ref()
+            .map(|f| f.reason.as_str()),
+        Some("the node's agent did not re-join the restarted controller within 5 s")
+    );
 }
 
 #[test]

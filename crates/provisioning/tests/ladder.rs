@@ -312,6 +312,60 @@ fn row_10_an_active_node_waits_for_its_backoff() {
     );
 }
 
+/// A node recovered as ready: the facts of a dormant node, not ready, with
+/// its rejoin deadline.
+fn rejoining(rejoin_by: u64) -> ManagedNode {
+    let mut n = at_stage(NodeStage::Dormant);
+    n.record.stage = NodeStage::Rejoining;
+    n.record.ready = false;
+    n.record.rejoin_by = Some(at(rejoin_by));
+    n
+}
+
+#[test]
+fn row_10a_a_rejoining_node_waits_for_its_agent_until_the_rejoin_deadline() {
+    let n = rejoining(NOW + 1);
+    check(
+        Some(&n),
+        Some(&desired()),
+        Rule::AwaitRejoin,
+        NodeAction::None,
+        Some(Wake::Timer(at(NOW + 1))),
+    );
+}
+
+#[test]
+fn row_10b_a_rejoining_node_is_lost_exactly_at_its_rejoin_deadline() {
+    for deadline in [NOW, NOW - 1] {
+        check(
+            Some(&rejoining(deadline)),
+            Some(&desired()),
+            Rule::RejoinExpired,
+            NodeAction::ExpireRejoin,
+            None,
+        );
+    }
+}
+
+#[test]
+fn row_4_a_rejoining_node_that_drifted_or_is_undesired_begins_delete() {
+    let n = rejoining(NOW + 1);
+    check(
+        Some(&n),
+        None,
+        Rule::BeginDelete,
+        NodeAction::BeginDelete,
+        None,
+    );
+    check(
+        Some(&n),
+        Some(&spec("g-0", "img:2")),
+        Rule::BeginDelete,
+        NodeAction::BeginDelete,
+        None,
+    );
+}
+
 #[test]
 fn row_11_a_ready_node_is_left_alone() {
     for stage in [NodeStage::Dormant, NodeStage::HandedOff] {

@@ -12,7 +12,7 @@ use crate::effect::{EffectError, EffectKind, EffectOutput, ExecutorResult};
 use crate::id::{LogicalNodeId, NodeAttemptId, OperationId};
 use crate::observe::{
     FoldContext, FoldableCondition, Observation, fold_bootstrap, fold_loss, fold_operation,
-    observation_fold_may_fail, operation_fold_may_fail,
+    fold_rejoin, observation_fold_may_fail, operation_fold_may_fail,
 };
 use crate::state::{ManagedNode, NodeStage, PendingOperation};
 use crate::time::{ClockSaturated, Timestamp};
@@ -228,6 +228,7 @@ impl ClusterDriver {
                     })?;
                 }
                 Observation::NodeLost { cause, .. } => fold_loss(node, *cause, &ctx)?,
+                Observation::AgentRejoined { .. } => fold_rejoin(node, &ctx),
             }
             Ok(())
         };

@@ -9,6 +9,7 @@ use crate::durable::{
 };
 use crate::effect::{EffectError, EffectKind};
 use crate::id::{AttemptAllocator, LogicalNodeId, OperationId, RunId};
+use crate::observe::await_rejoin;
 use crate::policy::RetryPolicy;
 use crate::shape::LogicalNodeSpec;
 use crate::state::{ClusterState, ManagedNode, NodeStage};
@@ -29,6 +30,12 @@ impl ClusterDriver {
     /// - Every bootstrap session that had not handed off loses its stream
     ///   (it went to the controller that died): its facts are dropped and its
     ///   start becomes ambiguous, so it is re-issued at once and adopted.
+    /// - Every node the journal held as ready is *rejoining*: readiness is
+    ///   re-earned, never taken on the journal's word. It is not ready (and
+    ///   the cluster not converged) until an
+    ///   [`Observation::AgentRejoined`](crate::Observation::AgentRejoined)
+    ///   of the new controller says its agent is there; with none by
+    ///   `now + policy.rejoin_window` it is lost and replaced.
     ///
     /// The recovered driver tracks changes, and a full pass is queued.
     ///
@@ -171,6 +178,25 @@ impl ClusterDriver {
                 }));
                 node.retry.next_effect_at = None;
                 report.sessions_restarted += 1;
+            }
+            driver.touch(&id);
+        }
+        // Readiness is re-earned: the journal saw the agent of a ready node
+        // joined to the controller that died, which says nothing of the new
+        // one. A node rejoining since an earlier restart keeps its stored
+        // (shifted) deadline.
+        let rejoin_by = now.checked_add(driver.policy.rejoin_window)?;
+        let ready: Vec<LogicalNodeId> = driver
+            .state
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.is_ready())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ready {
+            if let Some(node) = driver.state.nodes.get_mut(&id) {
+                await_rejoin(node, rejoin_by);
+                report.rejoining += 1;
             }
             driver.touch(&id);
         }

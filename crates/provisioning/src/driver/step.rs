@@ -12,6 +12,7 @@ use crate::decide::NodeAction;
 use crate::effect::{EffectError, EffectKind, EffectRequest, Operation};
 use crate::history::Transition;
 use crate::id::{LogicalNodeId, OperationId};
+use crate::observe::{FoldContext, end_rejoin, expire_rejoin};
 use crate::state::{Intent, ManagedNode, NodeStage, PendingOperation, RetryState};
 use crate::time::Timestamp;
 
@@ -59,6 +60,7 @@ impl ClusterDriver {
                 if let Some(node) = self.state.nodes.get_mut(id) {
                     node.intent = Intent::Deleting;
                     node.record.ready = false;
+                    end_rejoin(node);
                     if node.retry.ambiguous.is_none() {
                         node.retry.next_effect_at = None;
                     }
@@ -74,13 +76,38 @@ impl ClusterDriver {
                     sink.attempt_retired(node.attempt);
                 }
             }
+            NodeAction::ExpireRejoin => {
+                let Some(node) = self.state.nodes.get_mut(id) else {
+                    return Ok(());
+                };
+                let ctx = FoldContext {
+                    policy: &self.policy,
+                    now,
+                    spec_is_desired: false,
+                    sent: true,
+                };
+                // Worked on a copy: a restart deadline that does not fit
+                // the clock leaves the node as it was.
+                let mut lost = (**node).clone();
+                expire_rejoin(&mut lost, &ctx)?;
+                **node = lost;
+                // A lost node counts toward its group's breaker, as a loss
+                // the provider reports does.
+                self.limit_events(id, (false, false), (true, false), now);
+            }
             NodeAction::None | NodeAction::Dispatch(_) => return Ok(()),
         }
         if self.history_depth > 0
             && !matches!(action, NodeAction::Insert | NodeAction::Restart)
             && let Some(node) = self.state.nodes.get(id)
         {
-            let entry = Transition::of(node, now, teardown_reason);
+            // A node lost at the end of its rejoin window names why.
+            let reason = teardown_reason.or_else(|| {
+                (action == NodeAction::ExpireRejoin)
+                    .then(|| node.record.failure.as_ref().map(|f| f.reason.clone()))
+                    .flatten()
+            });
+            let entry = Transition::of(node, now, reason);
             let depth = self.history_depth;
             self.history
                 .entry(id.clone())
