@@ -442,6 +442,15 @@ impl ObservationSink {
         })
     }
 
+    /// Reports that the agent of `key` re-joined this controller after a
+    /// controller restart: a node recovered as ready is ready again.
+    pub fn rejoined(&self, key: &AttemptKey) -> bool {
+        self.report(Observation::AgentRejoined {
+            node: key.node.clone(),
+            attempt: key.attempt,
+        })
+    }
+
     /// Facts handed on so far.
     pub fn delivered_count(&self) -> u64 {
         self.inner.delivered.load(Ordering::Relaxed)

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `provision_nodes_desired` | gauge | `group` |
 //! | `provision_nodes_ready` | gauge | `group` |
-//! | `provision_nodes` | gauge | `group`, `stage` (`deleting` for nodes being removed) |
+//! | `provision_nodes` | gauge | `group`, `stage` (`deleting` for nodes being removed; `rejoining` for nodes recovered after a restart whose agent has not re-joined: never counted ready) |
 //! | `provision_group_paused` | gauge (0/1) | `group` |
 //! | `provision_operations_total` | counter | `kind`, `outcome` (`ok`, `definite`, `ambiguous`) |
 //! | `provision_operation_duration_seconds` | histogram | `kind` |

@@ -147,6 +147,7 @@ fn action_text(action: NodeAction) -> String {
         NodeAction::Restart => "restart".to_owned(),
         NodeAction::BeginDelete => "begin-delete".to_owned(),
         NodeAction::MarkDestroyed => "mark-destroyed".to_owned(),
+        NodeAction::ExpireRejoin => "expire-rejoin".to_owned(),
         NodeAction::Dispatch(kind) => format!("dispatch {kind}"),
     }
 }

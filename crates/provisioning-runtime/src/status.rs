@@ -230,7 +230,9 @@ pub struct NodeStatus {
     pub group: String,
     /// The current attempt.
     pub attempt: u64,
-    /// The lifecycle stage (`new`, `lease-requested`, …, `dormant`, `failed`,
+    /// The lifecycle stage (`new`, `lease-requested`, …, `dormant`,
+    /// `rejoining` (recovered after a restart, not ready until its agent
+    /// re-joins), `failed`,
     /// `destroyed`).
     pub stage: String,
     /// Whether the node is ready.

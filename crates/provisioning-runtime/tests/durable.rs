@@ -336,3 +336,84 @@ async fn a_durable_hosts_progress_agrees_with_a_fresh_status_after_each_change()
     progress_agrees(&handle, "scale-down", |s| s.converged && s.nodes.len() == 1).await;
     assert_eq!(handle.shutdown().await.outcome, ShutdownOutcome::Clean);
 }
+
+/// G37 on the host: after a crash a node the journal held as ready is shown
+/// `rejoining`, not ready, and the run is never converged before its agent
+/// re-joins the new controller.
+#[tokio::test(start_paused = true)]
+async fn a_recovered_node_is_rejoining_and_the_run_not_converged_until_its_agent_rejoins() {
+    let plugin = Arc::new(FakePlugin::default());
+    let store = MemoryStore::new(RUN).unwrap();
+    let host = durable_host(&plugin, &store, Duration::from_secs(30));
+    let handle = host.handle();
+    apply(&handle, vec![group("web", 2, "serve")]).await;
+    let before = attempts(&wait_until(&handle, "convergence", |s| s.converged).await);
+    crash(host).await;
+    plugin.agents_stay_away.store(true, Ordering::SeqCst);
+
+    let host = durable_host(&plugin, &store, Duration::from_secs(30));
+    let handle = host.handle();
+    let rejoining = wait_until(&handle, "recovered", |s| {
+        s.nodes.len() == 2 && s.observed_generation.is_some()
+    })
+    .await;
+    // Well inside the window: still waiting, and never converged.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let waiting = handle.status().await;
+    for snapshot in [&rejoining, &waiting] {
+        assert!(!snapshot.converged, "{snapshot:?}");
+        assert_eq!(snapshot.ready_count(), 0);
+        assert!(
+            snapshot
+                .nodes
+                .iter()
+                .all(|n| n.stage == "rejoining" && !n.ready),
+            "{snapshot:?}"
+        );
+    }
+    let json = serde_json::to_value(&waiting).unwrap();
+    assert_eq!(json["converged"], false);
+    assert_eq!(json["nodes"][0]["stage"], "rejoining");
+    // The agents re-join: ready again, the same attempts, no create.
+    let creates = plugin.creates.load(Ordering::SeqCst);
+    let keys: Vec<AttemptKey> = plugin.nodes.lock().unwrap().keys().cloned().collect();
+    for key in &keys {
+        plugin.sink().rejoined(key);
+    }
+    let after = wait_until(&handle, "re-joined", |s| s.converged).await;
+    assert_eq!(attempts(&after), before);
+    assert!(after.nodes.iter().all(|n| n.stage == "dormant" && n.ready));
+    assert_eq!(plugin.creates.load(Ordering::SeqCst), creates);
+    assert_eq!(handle.shutdown().await.outcome, ShutdownOutcome::Clean);
+}
+
+/// A node whose agent does not re-join the restarted controller within the
+/// rejoin window (60 s) is lost, with the reason, and replaced.
+#[tokio::test(start_paused = true)]
+async fn a_node_whose_agent_does_not_rejoin_within_the_window_is_lost_and_replaced() {
+    let plugin = Arc::new(FakePlugin::default());
+    let store = MemoryStore::new(RUN).unwrap();
+    let host = durable_host(&plugin, &store, Duration::from_secs(30));
+    let handle = host.handle();
+    apply(&handle, vec![group("web", 1, "serve")]).await;
+    let before = attempts(&wait_until(&handle, "convergence", |s| s.converged).await);
+    crash(host).await;
+    plugin.agents_stay_away.store(true, Ordering::SeqCst);
+
+    let host = durable_host(&plugin, &store, Duration::from_secs(30));
+    let handle = host.handle();
+    let started = tokio::time::Instant::now();
+    let lost = wait_until(&handle, "lost", |s| {
+        s.nodes.iter().any(|n| {
+            n.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("did not re-join the restarted controller within 60 s"))
+        })
+    })
+    .await;
+    assert!(started.elapsed() >= Duration::from_secs(59), "{lost:?}");
+    let after = wait_until(&handle, "replaced", |s| s.converged).await;
+    assert!(attempts(&after)["web-0"] > before["web-0"], "{after:?}");
+    assert_eq!(handle.shutdown().await.outcome, ShutdownOutcome::Clean);
+    assert!(plugin.live().is_empty());
+}

@@ -100,6 +100,9 @@ pub(super) fn describe_fact(observation: &Observation) -> String {
             attempt,
             cause,
         } => format!("loss of {node}/{attempt} ({cause})"),
+        Observation::AgentRejoined { node, attempt } => {
+            format!("re-join of {node}/{attempt}'s agent")
+        }
     }
 }
 

@@ -206,6 +206,9 @@ impl<X: Default> Ledger<X> {
                 self.end_session(&key);
                 self.losses.insert(key);
             }
+            // An agent that re-joined a restarted controller: its session
+            // and lease stay as they were.
+            Observation::AgentRejoined { .. } => {}
         }
     }
 

@@ -182,12 +182,14 @@ type Facts = Vec<(bool, &'static str)>;
 /// | `BootstrapRunning` | lease, endpoint, an active session | join, failure |
 /// | `SwarmJoined` | lease, endpoint, bootstrap, join | failure |
 /// | `HandedOff`, `Dormant` | lease, endpoint, join, handoff | failure, an active session (`Dormant`) |
+/// | `Rejoining` | lease, endpoint, join, handoff, a rejoin deadline | failure, an active session, readiness, a teardown |
 /// | `Failed` | a failure | readiness |
 /// | `Destroyed` | — | lease, endpoint, an active session, a pending operation, readiness |
 ///
 /// A node being deleted may already have given a lease back before the pass
 /// that marks it destroyed, so "holds" is required of active nodes only; and
-/// a failure is only ever held in `Failed` or `Destroyed`.
+/// a failure is only ever held in `Failed` or `Destroyed`; a rejoin deadline
+/// only in `Rejoining`.
 pub(crate) fn g32_stage_agrees_with_facts(id: &LogicalNodeId, node: &ManagedNode) -> Verdict {
     let record = &node.record;
     let lease = record.lease.is_some();
@@ -202,6 +204,7 @@ pub(crate) fn g32_stage_agrees_with_facts(id: &LogicalNodeId, node: &ManagedNode
         .as_ref()
         .is_some_and(|p| p.kind == EffectKind::CreateLease);
     let active = node.intent == Intent::Active;
+    let rejoin_deadline = record.rejoin_by.is_some();
     let (holds, holds_not): (Facts, Facts) = match record.stage {
         NodeStage::New => (
             vec![],
@@ -273,6 +276,23 @@ pub(crate) fn g32_stage_agrees_with_facts(id: &LogicalNodeId, node: &ManagedNode
                 ),
             ],
         ),
+        // A node recovered as ready (G37): a dormant node's facts and its
+        // rejoin deadline, never ready and never torn down while rejoining.
+        NodeStage::Rejoining => (
+            vec![
+                (lease, "a lease"),
+                (endpoint, "an endpoint"),
+                (joined, "a swarm join"),
+                (handed_off, "a handoff"),
+                (rejoin_deadline, "a rejoin deadline"),
+            ],
+            vec![
+                (failed, "a failure"),
+                (session, "an active session"),
+                (record.ready, "readiness"),
+                (!active, "a teardown"),
+            ],
+        ),
         NodeStage::Failed => (
             vec![(failed, "a failure")],
             vec![(record.ready, "readiness")],
@@ -295,6 +315,10 @@ pub(crate) fn g32_stage_agrees_with_facts(id: &LogicalNodeId, node: &ManagedNode
         .collect();
     let extra: Vec<&str> = holds_not
         .into_iter()
+        .chain(
+            (record.stage != NodeStage::Rejoining)
+                .then_some((rejoin_deadline, "a rejoin deadline")),
+        )
         .filter(|(present, _)| *present)
         .map(|(_, what)| what)
         .collect();

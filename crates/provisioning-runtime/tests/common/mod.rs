@@ -47,6 +47,9 @@ pub struct FakePlugin {
     pub shut_down: AtomicBool,
     /// Called at the start of every call with its key and method name.
     pub on_call: Mutex<Option<CallCheck>>,
+    /// Whether handed-off agents stay away from a restarted controller: by
+    /// default each re-joins it when the controller lists the nodes.
+    pub agents_stay_away: AtomicBool,
 }
 
 impl FakePlugin {
@@ -200,17 +203,32 @@ impl ProvisionPlugin for FakePlugin {
     }
 
     async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
-        Ok(self
-            .nodes
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(k, _)| &k.run_id == run)
-            .map(|(k, n)| ListedNode {
-                key: k.clone(),
-                lease: n.lease.clone(),
-            })
-            .collect())
+        let (listed, agents): (Vec<ListedNode>, Vec<AttemptKey>) = {
+            let nodes = self.nodes.lock().unwrap();
+            let ours = nodes.iter().filter(|(k, _)| &k.run_id == run);
+            (
+                ours.clone()
+                    .map(|(k, n)| ListedNode {
+                        key: k.clone(),
+                        lease: n.lease.clone(),
+                    })
+                    .collect(),
+                ours.filter(|(_, n)| n.session)
+                    .map(|(k, _)| k.clone())
+                    .collect(),
+            )
+        };
+        // A listing is what a restarted controller does first: the agents
+        // of its nodes re-dial it then (a re-join of an agent that never
+        // left changes nothing).
+        if !self.agents_stay_away.load(Ordering::SeqCst)
+            && let Some(sink) = self.sink.lock().unwrap().clone()
+        {
+            for key in &agents {
+                sink.rejoined(key);
+            }
+        }
+        Ok(listed)
     }
 }
 
