@@ -426,6 +426,18 @@ impl Substrate for FakeSubstrate {
         lost
     }
 
+    fn rejoin(&mut self, node: &LogicalNodeId, attempt: NodeAttemptId) -> bool {
+        let key = (node.clone(), attempt);
+        let live = self.backend.lock().agent_live(&key);
+        if live {
+            self.backend.report(Observation::AgentRejoined {
+                node: node.clone(),
+                attempt,
+            });
+        }
+        live
+    }
+
     fn fair_progress(&mut self) -> usize {
         let (joined, closed) = {
             let mut ledger = self.backend.lock();

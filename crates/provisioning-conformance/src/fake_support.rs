@@ -168,6 +168,8 @@ pub(crate) struct Ledger<K, M> {
     /// Sessions close later than the convergence call.
     late_close: bool,
     alarms: Vec<String>,
+    /// Keys whose agent was lost: it re-joins no restarted controller.
+    agents_gone: BTreeSet<K>,
     /// Faults waiting for their calls.
     pub(crate) scripts: FaultQueue<M>,
     /// Creations, adoptions, hangs and faults applied.
@@ -185,6 +187,7 @@ impl<K, M: PartialEq> Default for Ledger<K, M> {
             epoch: 0,
             late_close: false,
             alarms: Vec::new(),
+            agents_gone: BTreeSet::new(),
             scripts: FaultQueue::new(),
             counters: SubstrateCounters::default(),
         }
@@ -415,10 +418,17 @@ impl<K: SlotKey, M: PartialEq> Ledger<K, M> {
     pub(crate) fn lose(&mut self, key: &K, cause: LossCause) -> bool {
         let had_lease = self.live_lease(key).is_some();
         let had_session = self.sessions.remove(key).is_some();
+        self.agents_gone.insert(key.clone());
         if cause == LossCause::LeaseGone {
             self.leases.remove(key);
         }
         had_lease || had_session
+    }
+
+    /// Whether the agent of `key` would re-join a restarted controller: its
+    /// lease is live and it was not lost.
+    pub(crate) fn agent_live(&self, key: &K) -> bool {
+        self.live_lease(key).is_some() && !self.agents_gone.contains(key)
     }
 
     /// Lets every live session whose agent has not joined yet join (and was

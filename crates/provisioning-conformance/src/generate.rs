@@ -72,7 +72,7 @@ impl Default for GeneratorConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SwarmWeights {
     /// Weight per [`InputKind`], in [`InputKind::ALL`] order; zero omits the kind.
-    pub kinds: [u32; 15],
+    pub kinds: [u32; 16],
     /// Weight per [`Fault`], in [`Fault::ALL`] order.
     pub faults: [u32; 7],
     /// Weight of "any call", then of each [`EffectKind`] in [`EffectKind::ALL`] order.
@@ -85,12 +85,13 @@ pub struct SwarmWeights {
 
 /// Input kinds whose weights are drawn after every other weight (they were
 /// added to the alphabet later).
-const LATE_KINDS: [InputKind; 5] = [
+const LATE_KINDS: [InputKind; 6] = [
     InputKind::Crash,
     InputKind::Resubmit,
     InputKind::Confuse,
     InputKind::Resume,
     InputKind::Refuse,
+    InputKind::Rejoin,
 ];
 
 /// Seeds in a thousand that draw the operator's `resume` input.
@@ -125,6 +126,7 @@ fn base_weight(kind: InputKind) -> u32 {
         InputKind::Confuse => 2,
         InputKind::Resume => 2,
         InputKind::Refuse => 2,
+        InputKind::Rejoin => 2,
     }
 }
 
@@ -185,6 +187,13 @@ impl SwarmWeights {
         let mut refuse_rng = rng.fork();
         if refuse_rng.chance(REFUSE_PER_MILLE) {
             kinds[InputKind::Refuse as usize] = draw_kind(&mut refuse_rng, InputKind::Refuse);
+        }
+        // `rejoin`, added after them, comes in the seeds that crash (its own
+        // fork again): most of them let agents re-join the restarted
+        // controller during the trace, the rest only in the fair tail.
+        let mut rejoin_rng = rng.fork();
+        if kinds[InputKind::Crash as usize] > 0 && rejoin_rng.chance(750) {
+            kinds[InputKind::Rejoin as usize] = draw_kind(&mut rejoin_rng, InputKind::Rejoin);
         }
         SwarmWeights {
             kinds,
@@ -330,6 +339,7 @@ fn draw_input(weights: &SwarmWeights, rng: &mut SplitMix64) -> Input {
             }
         }
         InputKind::Crash => Input::Crash,
+        InputKind::Rejoin => Input::Rejoin,
         InputKind::Resume => Input::Resume {
             group: draw_group(rng),
         },

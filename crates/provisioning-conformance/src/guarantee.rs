@@ -38,6 +38,7 @@
 //! | G27 | At every backend call start (the harness host's executor runs over a wrapper of the substrate's backend): the operation was committed to the journal as pending by some commit before the call started. Calls a dead controller's executor still had queued never reach the backend. |
 //! | G28 | The harness host lists the substrate's live resources after every recovery and every `orphan_scan_interval` of virtual time, and destroys a resource no node's current attempt owns (not in the map, another attempt, or a destroyed node) once it was seen unowned for `orphan_grace`. The oracle samples the live resources after every input and tail round: once faults stop (the fair tail), a resource it saw unowned must be gone within `orphan_grace` + one scan interval; a resource a current attempt owns is never destroyed as an orphan. |
 //! | G32 | After every input, every fold and every pass batch: each node's stage agrees with its facts (the table at `oracle::g32_stage_agrees_with_facts`: `New` holds no lease and no pending create, `LeaseRequested` a pending create and no lease, `LeaseCreated` a lease and no endpoint, `EndpointKnown` no active session, `BootstrapRunning` an active session, `Failed` a failure, `Destroyed` nothing). A deleting node's "holds" are not required (cleanup gives facts back before the pass that marks it destroyed). A loss that fails a node gives a reason naming what was lost (agent, lease, workload); the history entry where a healthy node's teardown began names its cause by the kit's own shape (scaled down when its slot is not desired, drifted when it is desired with another template). |
+//! | G37 | At every recovery after a crash and after every input: a node the journal held as ready (or rejoining) when the controller crashed is, while it keeps that attempt, not ready until the kit folded an [`Observation::AgentRejoined`](provisioning::Observation::AgentRejoined) of it into the new controller, and while any such node waits the driver is not converged. The substrates deliver the re-join of a still-live agent at a [`Input::Rejoin`](crate::trace::Input::Rejoin) input and, in the fair tail, for even slot indices (odd ones let the rejoin window end, so the loss path runs). |
 
 use std::fmt;
 
@@ -131,11 +132,15 @@ pub enum GuaranteeId {
     /// endpoint, session, join or failure the record does not hold, and
     /// none hides one it does.
     StageCoherence,
+    /// G37: after a controller crash and recovery, a node the journal held
+    /// as ready is not ready, and the cluster not converged, until an
+    /// observation of the new controller says its agent re-joined.
+    ReadinessReEarned,
 }
 
 impl GuaranteeId {
     /// Every guarantee, in id order.
-    pub const ALL: [GuaranteeId; 31] = [
+    pub const ALL: [GuaranteeId; 32] = [
         GuaranteeId::Identity,
         GuaranteeId::Correlation,
         GuaranteeId::AttemptFactOwnership,
@@ -167,9 +172,10 @@ impl GuaranteeId {
         GuaranteeId::BudgetsHold,
         GuaranteeId::BreakerLiveness,
         GuaranteeId::StageCoherence,
+        GuaranteeId::ReadinessReEarned,
     ];
 
-    /// The stable id (`G01`…`G30`, `G32`). Ids are the specification's, not
+    /// The stable id (`G01`…`G30`, `G32`, `G37`). Ids are the specification's, not
     /// positions: G31 (exhaustive exploration) is checked by the explorer
     /// and may have no variant here.
     pub fn id(self) -> &'static str {
@@ -180,6 +186,7 @@ impl GuaranteeId {
         ];
         match self {
             GuaranteeId::StageCoherence => "G32",
+            GuaranteeId::ReadinessReEarned => "G37",
             other => IDS[other as usize],
         }
     }
@@ -218,6 +225,7 @@ impl GuaranteeId {
             GuaranteeId::BudgetsHold => "budgets hold",
             GuaranteeId::BreakerLiveness => "breaker liveness",
             GuaranteeId::StageCoherence => "stage coherence",
+            GuaranteeId::ReadinessReEarned => "readiness is re-earned",
         }
     }
 
@@ -293,5 +301,6 @@ mod tests {
         assert_eq!(GuaranteeId::BudgetsHold.id(), "G29");
         assert_eq!(GuaranteeId::BreakerLiveness.id(), "G30");
         assert_eq!(GuaranteeId::StageCoherence.id(), "G32");
+        assert_eq!(GuaranteeId::ReadinessReEarned.id(), "G37");
     }
 }

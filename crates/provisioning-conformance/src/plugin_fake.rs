@@ -133,6 +133,7 @@ impl FaultCoverage {
 enum Fact {
     Bootstrap(AttemptKey, BootstrapEvent),
     Lost(AttemptKey, LossCause),
+    Rejoined(AttemptKey),
 }
 
 type PluginLedger = Ledger<AttemptKey, PluginMethod>;
@@ -293,6 +294,17 @@ impl FakePlugin {
         true
     }
 
+    /// After a controller restart: the agent of `key`, if still live (its
+    /// lease is and it was not lost), re-joins the new controller and the
+    /// re-join is reported through the sink. Returns whether it was.
+    pub fn rejoin(&self, key: &AttemptKey) -> bool {
+        if !self.lock().agent_live(key) {
+            return false;
+        }
+        self.emit(vec![Fact::Rejoined(key.clone())]);
+        true
+    }
+
     /// Lets every live session whose agent has not joined yet join, and
     /// reports the joins. Returns how many joined.
     pub fn fair_progress(&self) -> usize {
@@ -387,6 +399,9 @@ impl FakePlugin {
                 }
                 Fact::Lost(key, cause) => {
                     sink.lost(&key, cause);
+                }
+                Fact::Rejoined(key) => {
+                    sink.rejoined(&key);
                 }
             }
         }

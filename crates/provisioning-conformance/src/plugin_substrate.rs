@@ -87,6 +87,14 @@ pub trait ScriptablePlugin: ProvisionPlugin {
     /// Lets sessions whose agent has not joined yet join (the fair tail).
     fn progress_fairly(&self) -> usize;
 
+    /// After a controller restart, makes the agent of `key` re-join the new
+    /// controller and report it, if it is still live: see
+    /// [`Substrate::rejoin`]. Default: cannot.
+    fn rejoin_now(&self, key: &AttemptKey) -> bool {
+        let _ = key;
+        false
+    }
+
     /// What is really live, from the plugin's own ledger.
     fn live(&self) -> LiveResources;
 
@@ -162,6 +170,10 @@ impl ScriptablePlugin for FakePlugin {
 
     fn progress_fairly(&self) -> usize {
         self.fair_progress()
+    }
+
+    fn rejoin_now(&self, key: &AttemptKey) -> bool {
+        self.rejoin(key)
     }
 
     fn live(&self) -> LiveResources {
@@ -360,6 +372,11 @@ impl<P: ScriptablePlugin> Substrate for PluginSubstrate<P> {
     fn lose(&mut self, node: &LogicalNodeId, attempt: NodeAttemptId, cause: LossCause) -> bool {
         self.plugin
             .lose_node_now(&PluginSubstrate::<P>::key(node, attempt), cause)
+    }
+
+    fn rejoin(&mut self, node: &LogicalNodeId, attempt: NodeAttemptId) -> bool {
+        self.plugin
+            .rejoin_now(&PluginSubstrate::<P>::key(node, attempt))
     }
 
     fn fair_progress(&mut self) -> usize {

@@ -336,6 +336,18 @@ pub trait Substrate {
     /// anything was lost.
     fn lose(&mut self, node: &LogicalNodeId, attempt: NodeAttemptId, cause: LossCause) -> bool;
 
+    /// After a controller crash: makes the agent of `node`'s `attempt`, if
+    /// it is still live (its lease is, and it was not lost), re-join the new
+    /// controller and reports it
+    /// ([`Observation::AgentRejoined`](provisioning::Observation::AgentRejoined)).
+    /// Returns whether it was reported. Default: the substrate cannot
+    /// (nothing is reported, and such nodes are lost when their rejoin
+    /// window ends).
+    fn rejoin(&mut self, node: &LogicalNodeId, attempt: NodeAttemptId) -> bool {
+        let _ = (node, attempt);
+        false
+    }
+
     /// Lets autonomous processes make their next step without faults (in the
     /// fair tail: live sessions whose agent has not joined yet join).
     /// Returns how many made a step.

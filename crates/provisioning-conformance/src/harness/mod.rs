@@ -225,6 +225,12 @@ pub struct Vacuity {
     /// An operation was handed to the executor a second time
     /// ([`Input::Resubmit`](crate::trace::Input::Resubmit); informational).
     pub resubmissions: u64,
+    /// A node recovered as ready had its agent's re-join folded into the
+    /// new controller (G37; informational).
+    pub rejoined_after_recovery: u64,
+    /// A node recovered as ready was lost when its rejoin window ended with
+    /// no re-join (G37; informational).
+    pub rejoin_windows_expired: u64,
     /// Runs whose substrate survives a controller crash; the three counts
     /// above are required only when some run's did.
     pub crash_capable_runs: u64,
@@ -278,6 +284,8 @@ impl Vacuity {
             ("skipped at a submission", self.skipped_at_submission),
             ("skipped at an expiry", self.skipped_at_expiry),
             ("refused submission", self.refusals),
+            ("rejoined after recovery", self.rejoined_after_recovery),
+            ("rejoin window expired", self.rejoin_windows_expired),
         ]
     }
 
@@ -307,6 +315,8 @@ impl Vacuity {
         self.skipped_at_submission += other.skipped_at_submission;
         self.skipped_at_expiry += other.skipped_at_expiry;
         self.refusals += other.refusals;
+        self.rejoined_after_recovery += other.rejoined_after_recovery;
+        self.rejoin_windows_expired += other.rejoin_windows_expired;
     }
 }
 

@@ -41,7 +41,10 @@ impl<S: Substrate> Harness<S> {
                 let ran = self.substrate.run_work(order);
                 self.check_calls()?;
                 self.settle()?;
-                let progressed = self.substrate.fair_progress();
+                // Agents of nodes recovered as ready re-join the new
+                // controller: those of even slots; the others let their
+                // rejoin window end, so the loss path runs too (G37).
+                let progressed = self.substrate.fair_progress() + self.rejoin_agents(true);
                 self.settle()?;
                 worked |= released + ran + progressed > 0;
                 if released + ran + progressed == 0 && !self.substrate.has_runnable_work() {

@@ -17,6 +17,7 @@
 //! | `plan.rs` | G19: the driver against the pure decider (with G29/G30's holds) |
 //! | `limits.rs` | G29 G30 (resume form): the operator's limits |
 //! | `recovery.rs` | G26: durable state across a crash |
+//! | `rejoin.rs` | G37: readiness re-earned after a crash |
 //!
 //! Beside them, `verdict.rs` holds what a check returns, `model.rs` the
 //! kit's own model (plain-millisecond time, [`DesiredSlots`], readiness,
@@ -42,7 +43,8 @@
 //! | revision probes | G16 |
 //! | after the fair tail | G21 G22 G23 G24 |
 //! | across runs of one trace | G18 (same trace twice), G20 (tail work in another order) |
-//! | at every recovery after a crash | G26 (pending operations made ambiguous, journal readable, recovery succeeds) |
+//! | at every recovery after a crash | G26 (pending operations made ambiguous, journal readable, recovery succeeds), G37 |
+//! | after every input | G37 (a node recovered as ready is not ready, and the driver not converged, until its re-join was folded) |
 //! | at every backend call start | G27 (committed as pending before the call) |
 //! | after every input and tail round; at every orphan destroy | G28 (collected in time once faults stop; never an owned resource) |
 //!
@@ -64,6 +66,7 @@ mod model;
 mod observed;
 mod plan;
 mod recovery;
+mod rejoin;
 mod retry;
 mod stages;
 mod verdict;
@@ -121,6 +124,7 @@ pub(crate) use recovery::{
     g26_journal_holds_durable_state, g26_recovery_made_pending_ambiguous,
     g26_recovery_reports_what_it_recovered, g26_write_carries_the_clock,
 };
+pub(crate) use rejoin::g37_readiness_is_re_earned;
 pub(crate) use retry::{
     counts_as_failure, g09_delays_follow_the_policy, g09_no_effect_before_backoff,
     g09_passes_keep_failure_counts, g10_deletion_proceeds_at_once,

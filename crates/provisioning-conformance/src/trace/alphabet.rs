@@ -372,6 +372,12 @@ pub enum Input {
     /// inputs end, the crash happens then, between wakes. A no-op on a
     /// substrate that cannot survive a controller crash.
     Crash,
+    /// After a crash, the agent of every node the new controller waits on
+    /// (recovered as ready: rejoining) re-joins it, if that agent is still
+    /// live, and the substrate reports it
+    /// ([`Observation::AgentRejoined`](provisioning::Observation::AgentRejoined)).
+    /// A no-op when no node waits or the substrate cannot re-join agents.
+    Rejoin,
     /// Change the operator limits the driver applies (SPEC §15).
     Limit(LimitChange),
 }
@@ -421,6 +427,7 @@ impl Input {
             Input::Resume { .. } => InputKind::Resume,
             Input::Lose { .. } => InputKind::Lose,
             Input::Crash => InputKind::Crash,
+            Input::Rejoin => InputKind::Rejoin,
             Input::Limit(_) => InputKind::Limit,
         }
     }
@@ -558,11 +565,13 @@ pub enum InputKind {
     Resume,
     /// [`Input::Refuse`].
     Refuse,
+    /// [`Input::Rejoin`].
+    Rejoin,
 }
 
 impl InputKind {
     /// Every kind, in order.
-    pub const ALL: [InputKind; 15] = [
+    pub const ALL: [InputKind; 16] = [
         InputKind::Tick,
         InputKind::Desire,
         InputKind::Revision,
@@ -578,6 +587,7 @@ impl InputKind {
         InputKind::Confuse,
         InputKind::Resume,
         InputKind::Refuse,
+        InputKind::Rejoin,
     ];
 
     /// The keyword that starts an input of this kind in the text form.
@@ -598,6 +608,7 @@ impl InputKind {
             InputKind::Confuse => "confuse",
             InputKind::Resume => "resume",
             InputKind::Refuse => "refuse",
+            InputKind::Rejoin => "rejoin",
         }
     }
 }

@@ -230,6 +230,7 @@ fn parse_input(keyword: &str, words: &mut Words<'_>) -> Result<Input, ParseError
             target: parse_fault_target(words.next("fault target")?)?,
         },
         "crash" => Input::Crash,
+        "rejoin" => Input::Rejoin,
         "resume" => Input::Resume {
             group: parse_group(words.next("group")?)?,
         },

@@ -61,6 +61,7 @@ impl fmt::Display for Input {
             Input::Resume { group } => write!(f, "resume {}", group.name()),
             Input::Lose { ready, cause } => write!(f, "lose @{ready} {}", loss_name(*cause)),
             Input::Crash => f.write_str("crash"),
+            Input::Rejoin => f.write_str("rejoin"),
             Input::Limit(LimitChange::Cap { count }) => write!(f, "limit cap {count}"),
             Input::Limit(LimitChange::Budget { group, count }) => {
                 write!(f, "limit budget {} {count}", group.name())

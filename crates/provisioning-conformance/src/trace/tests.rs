@@ -13,6 +13,7 @@ fn every_input_shape() -> Vec<Input> {
         Input::Tick { millis: 61_000 },
         Input::Release,
         Input::Crash,
+        Input::Rejoin,
         Input::Limit(LimitChange::Cap { count: 2 }),
         Input::Limit(LimitChange::Budget {
             group: Group::B,

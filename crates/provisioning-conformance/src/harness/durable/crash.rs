@@ -94,6 +94,9 @@ impl<S: Substrate> Harness<S> {
             })
             .map(|e| e.node.node.clone())
             .collect();
+        // Readiness is re-earned (G37): what the journal held ready waits
+        // for its agent's re-join to the new controller.
+        let held_ready = super::rejoin::held_ready(&stored);
         // The journal holds what was committed: the kit's replica of it
         // starts again from what it gave back.
         self.durable.replica = Some(InMemoryJournal::holding(&stored));
@@ -167,6 +170,7 @@ impl<S: Substrate> Harness<S> {
             &self.executor_watch.notified,
         );
         self.driver = driver;
+        self.durable.awaiting_rejoin = held_ready;
         // The limits are configuration: the new controller is given them too.
         self.driver.set_limits(self.limits.clone());
         let depth = if self.history_off {
@@ -260,6 +264,7 @@ impl<S: Substrate> Harness<S> {
             let shape = self.model.shape(self.generation);
             let _ = self.driver.update_desired(shape);
         }
+        self.check_rejoins()?;
         self.reconcile_listing()?;
         self.scan_orphans()
     }

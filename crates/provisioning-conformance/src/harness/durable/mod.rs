@@ -14,13 +14,15 @@
 //! backend wrapper of one controller life and what it records), `side`
 //! (what the durable side of a run keeps), `commit` (commit, then submit),
 //! `replica` (the kit's own copy of the journal, held to the driver),
-//! `crash` (crash and recovery) and `orphans` (orphan collection).
+//! `crash` (crash and recovery), `rejoin` (readiness re-earned after a
+//! crash, G37) and `orphans` (orphan collection).
 
 mod commit;
 mod controller;
 mod crash;
 mod options;
 mod orphans;
+mod rejoin;
 mod replica;
 mod side;
 

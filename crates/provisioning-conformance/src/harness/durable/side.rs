@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use provisioning::{EffectKind, NodeAttemptId, Timestamp};
+use provisioning::{EffectKind, LogicalNodeId, NodeAttemptId, Timestamp};
 
 use super::controller::Control;
 use super::options::HostOptions;
@@ -48,6 +48,10 @@ pub(in crate::harness) struct DurableSide {
     pub(in crate::harness) replica: Option<InMemoryJournal>,
     /// A breach found while committing, reported right after the commit.
     pub(in crate::harness) commit_breach: Option<oracle::Breach>,
+    /// Nodes the journal held as ready (or rejoining) at the last crash,
+    /// whose agent's re-join the kit has not folded into the new
+    /// controller yet (G37).
+    pub(in crate::harness) awaiting_rejoin: BTreeSet<(LogicalNodeId, NodeAttemptId)>,
 }
 
 impl DurableSide {
@@ -67,6 +71,7 @@ impl DurableSide {
             commits: 0,
             replica: None,
             commit_breach: None,
+            awaiting_rejoin: BTreeSet::new(),
         }
     }
 

@@ -14,6 +14,7 @@ use crate::substrate::Substrate;
 impl<S: Substrate> Harness<S> {
     pub(in crate::harness) fn check_state(&mut self) -> Result<(), Violation> {
         self.check_held_wake()?;
+        self.check_rejoins()?;
         let live = self.substrate.live_resources();
         self.check_orphans(&live)?;
         let zombies = if self.durable.crashes > 0 {

@@ -150,6 +150,9 @@ impl<S: Substrate> Harness<S> {
                 {
                     self.executor_watch.joined.insert(*attempt);
                 }
+                if let Observation::AgentRejoined { attempt, .. } = &observation {
+                    self.rejoin_folded(&node_id, *attempt);
+                }
                 self.check_fold(&node_id, &before, &FoldCause::Observation(&observation))
             }
             Err(error) if Harness::<S>::edge_error(&error) => {

@@ -159,6 +159,9 @@ impl<S: Substrate> Harness<S> {
                     self.durable.crash_armed = true;
                 }
             }
+            Input::Rejoin => {
+                self.rejoin_agents(false);
+            }
             Input::Lose { ready, cause } => {
                 let ready_nodes: Vec<(LogicalNodeId, NodeAttemptId)> = self
                     .driver
