@@ -91,6 +91,7 @@ const LATE_KINDS: [InputKind; 6] = [
     InputKind::Confuse,
     InputKind::Resume,
     InputKind::Refuse,
+    // Never drawn by weight: see `insert_rejoins`.
     InputKind::Rejoin,
 ];
 
@@ -188,13 +189,6 @@ impl SwarmWeights {
         if refuse_rng.chance(REFUSE_PER_MILLE) {
             kinds[InputKind::Refuse as usize] = draw_kind(&mut refuse_rng, InputKind::Refuse);
         }
-        // `rejoin`, added after them, comes in the seeds that crash (its own
-        // fork again): most of them let agents re-join the restarted
-        // controller during the trace, the rest only in the fair tail.
-        let mut rejoin_rng = rng.fork();
-        if kinds[InputKind::Crash as usize] > 0 && rejoin_rng.chance(750) {
-            kinds[InputKind::Rejoin as usize] = draw_kind(&mut rejoin_rng, InputKind::Rejoin);
-        }
         SwarmWeights {
             kinds,
             faults,
@@ -247,7 +241,24 @@ pub fn generate(seed: u64, config: &GeneratorConfig) -> Trace {
             count: 1,
         });
     }
+    insert_rejoins(&mut inputs, &mut rng.fork());
     Trace { header, inputs }
+}
+
+/// After each `crash`, three times in four, a `rejoin` a few inputs later:
+/// the agents of the nodes recovered as ready re-join the new controller
+/// during the trace (the other crashes leave them to the fair tail, or to
+/// their rejoin window's end). Inserted, not drawn, so that every other
+/// input of a seed stays what it was before `rejoin` joined the alphabet.
+fn insert_rejoins(inputs: &mut Vec<Input>, rng: &mut SplitMix64) {
+    let mut at = 0;
+    while at < inputs.len() {
+        if inputs[at] == Input::Crash && rng.chance(750) {
+            let after = (at + 1 + rng.below(8) as usize).min(inputs.len());
+            inputs.insert(after, Input::Rejoin);
+        }
+        at += 1;
+    }
 }
 
 fn draw_header(seed: u64, config: &GeneratorConfig, rng: &mut SplitMix64) -> TraceHeader {

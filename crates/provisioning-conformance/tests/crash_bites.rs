@@ -13,7 +13,7 @@ use provisioning_conformance::trace::Input;
 use provisioning_conformance::{
     Battery, Failure, FakeSubstrate, GuaranteeId, HostOptions, HostOrder,
 };
-use recoveries::{allocator_not_restored, drops_pending};
+use recoveries::{allocator_not_restored, drops_pending, readiness_from_the_journal};
 
 /// The longest shrunk trace these tests accept as "short".
 const SHORT_TRACE: usize = 12;
@@ -93,6 +93,19 @@ fn a_recovery_that_drops_pending_operations_is_caught_as_g26() {
             .violation
             .detail
             .contains("instead of making it ambiguous"),
+        "{failure}"
+    );
+}
+
+#[test]
+fn a_recovery_that_takes_readiness_from_the_journal_is_caught_as_g37() {
+    let failure = first_failure(battery().recovery(readiness_from_the_journal));
+    check_caught(&failure, GuaranteeId::ReadinessReEarned);
+    assert!(
+        failure
+            .violation
+            .detail
+            .contains("no re-join of its agent was folded"),
         "{failure}"
     );
 }

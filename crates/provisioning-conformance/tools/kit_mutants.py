@@ -48,6 +48,9 @@ MUTANTS = [
     ("wrong-kind-is-definite", "crates/provisioning/src/observe.rs",
      "let error = EffectError::ambiguous(format!(", "let error = EffectError::definite(format!(",
      "an answer of another method's output is taken as a definite failure"),
+    ("readiness-from-the-journal", "crates/provisioning/src/driver/recover.rs",
+     "                await_rejoin(node, rejoin_by);\n", "",
+     "a node the journal held as ready is ready again at recovery, before its agent re-joined (G37)"),
 ]
 
 COMMAND = ["cargo", "test", "-p", "provisioning-conformance", "--test", "level1", "--test", "level2"]

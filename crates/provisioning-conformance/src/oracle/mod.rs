@@ -124,7 +124,7 @@ pub(crate) use recovery::{
     g26_journal_holds_durable_state, g26_recovery_made_pending_ambiguous,
     g26_recovery_reports_what_it_recovered, g26_write_carries_the_clock,
 };
-pub(crate) use rejoin::g37_readiness_is_re_earned;
+pub(crate) use rejoin::{g09_rejoin_loss_backs_off, g37_readiness_is_re_earned, rejoin_expired};
 pub(crate) use retry::{
     counts_as_failure, g09_delays_follow_the_policy, g09_no_effect_before_backoff,
     g09_passes_keep_failure_counts, g10_deletion_proceeds_at_once,

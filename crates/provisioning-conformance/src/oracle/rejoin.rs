@@ -6,10 +6,53 @@
 
 use std::collections::BTreeSet;
 
-use provisioning::{ClusterState, LogicalNodeId, NodeAttemptId};
+use provisioning::{ClusterState, LogicalNodeId, NodeAttemptId, NodeStage, RetryPolicy, Timestamp};
 
-use super::verdict::{Verdict, breach, label};
+use super::model::plus_ms;
+use super::observed::SlotChange;
+use super::verdict::{Verdict, breach, ensure, label};
 use crate::guarantee::GuaranteeId;
+
+/// Whether a drive lost a rejoining node when its rejoin window ended: the
+/// same attempt, rejoining before and failed after. The only failure a pass
+/// makes (every other comes with a fold).
+pub(crate) fn rejoin_expired(change: &SlotChange<'_>) -> bool {
+    matches!(
+        (change.before, change.after),
+        (Some(before), Some(after))
+            if before.attempt == after.attempt
+                && before.record.stage == NodeStage::Rejoining
+                && after.record.failure.is_some()
+    )
+}
+
+/// G09 (rejoin form): a node lost at the end of its rejoin window restarts
+/// after the policy's backoff for the kit's count of the slot's failures,
+/// this loss included, as a node whose loss was reported does.
+pub(crate) fn g09_rejoin_loss_backs_off(
+    change: &SlotChange<'_>,
+    failures: u32,
+    policy: &RetryPolicy,
+    now: Timestamp,
+) -> Verdict {
+    let Some(after) = change.after else {
+        return Ok(());
+    };
+    let delay = policy.backoff(failures, after.attempt);
+    let expected = plus_ms(now, delay);
+    ensure(
+        after.retry.restart_at.map(Timestamp::as_millis) == expected,
+        GuaranteeId::BackoffDiscipline,
+        || {
+            format!(
+                "{} was lost at the end of its rejoin window at {}ms with restart_at {:?}; the policy after {failures} failure(s) says {expected:?}ms",
+                label(change.id, after),
+                now.as_millis(),
+                after.retry.restart_at
+            )
+        },
+    )
+}
 
 /// G37: every node in `awaiting` (held ready by the journal at a crash, and
 /// whose re-join the kit has not folded since) that still runs that attempt

@@ -369,8 +369,10 @@ pub(crate) fn g12_passes_keep_retry_bookkeeping(change: &SlotChange<'_>) -> Verd
             )
         },
     )?;
+    // A rejoin window that ended loses the node, which stores its restart
+    // (held to the policy by `g09_rejoin_loss_backs_off`).
     ensure(
-        after.retry.restart_at == before.retry.restart_at,
+        after.retry.restart_at == before.retry.restart_at || super::rejoin::rejoin_expired(change),
         GuaranteeId::BackoffDiscipline,
         || {
             format!(

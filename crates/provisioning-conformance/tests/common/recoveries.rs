@@ -47,3 +47,28 @@ pub(crate) fn drops_pending(
     let driver: Box<dyn DriverUnderTest> = Box::new(driver);
     Ok((driver, report))
 }
+
+/// Recovers, then takes readiness on the journal's word: every node
+/// recovery marked rejoining is ready again at once, as before G37 (the
+/// `recover.rs` mutant `readiness-from-the-journal` does the same inside the
+/// core). The explorer's proofs share this file and do not use it.
+#[allow(dead_code)]
+pub(crate) fn readiness_from_the_journal(
+    setup: &DriverSetup,
+    stored: DurableState,
+    now: Timestamp,
+) -> Result<Recovered, RecoveryError> {
+    let (driver, report) = real_recovery(setup, stored, now)?;
+    let mut state = driver.state().clone();
+    for node in state.nodes.values_mut() {
+        if node.record.stage == provisioning::NodeStage::Rejoining {
+            node.record.stage = provisioning::NodeStage::Dormant;
+            node.record.ready = true;
+            node.record.rejoin_by = None;
+        }
+    }
+    let mut rebuilt = ClusterDriver::with_state(driver.desired().clone(), state, setup.policy);
+    rebuilt.track_changes();
+    let rebuilt: Box<dyn DriverUnderTest> = Box::new(rebuilt);
+    Ok((rebuilt, report))
+}

@@ -50,6 +50,23 @@ impl<S: Substrate> Harness<S> {
                 )
             });
         }
+        // A rejoin window that ended in a pass lost its node (G37's loss
+        // path): the one failure a pass makes. The kit counts it as it
+        // counts a reported loss, in the slot's failures and the breaker.
+        for change in oracle::slot_changes(pre, post) {
+            if !oracle::rejoin_expired(&change) {
+                continue;
+            }
+            let count = self.failures.entry(change.id.clone()).or_default();
+            *count = count.saturating_add(1);
+            let count = *count;
+            if let (Some(before), Some(after)) = (change.before, change.after) {
+                self.breaker_watch
+                    .fold(change.id.group(), before, after, &self.limits, now);
+            }
+            verdict = verdict
+                .and_then(|()| oracle::g09_rejoin_loss_backs_off(&change, count, &policy, now));
+        }
         let mut replacements = 0;
         let mut scale_downs = 0;
         for change in oracle::slot_changes(pre, post) {
@@ -67,8 +84,10 @@ impl<S: Substrate> Harness<S> {
                 .and_then(|()| {
                     // A refusal folded in the pass may have failed the node
                     // that a later pass of the drive began to tear down.
-                    let failed_here =
-                        folded && change.after.is_some_and(|a| a.record.failure.is_some());
+                    // So may a rejoin window that ended in this drive.
+                    let failed_here = (folded
+                        && change.after.is_some_and(|a| a.record.failure.is_some()))
+                        || oracle::rejoin_expired(&change);
                     if failed_here {
                         Ok(())
                     } else {
