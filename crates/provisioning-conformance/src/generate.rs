@@ -248,16 +248,19 @@ pub fn generate(seed: u64, config: &GeneratorConfig) -> Trace {
 /// After each `crash`, three times in four, a `rejoin` a few inputs later:
 /// the agents of the nodes recovered as ready re-join the new controller
 /// during the trace (the other crashes leave them to the fair tail, or to
-/// their rejoin window's end). Inserted, not drawn, so that every other
-/// input of a seed stays what it was before `rejoin` joined the alphabet.
-fn insert_rejoins(inputs: &mut Vec<Input>, rng: &mut SplitMix64) {
-    let mut at = 0;
-    while at < inputs.len() {
+/// their rejoin window's end). In place of the input there (never another
+/// crash), so the length stays as configured and every other input of a
+/// seed stays what it was before `rejoin` joined the alphabet.
+fn insert_rejoins(inputs: &mut [Input], rng: &mut SplitMix64) {
+    for at in 0..inputs.len() {
         if inputs[at] == Input::Crash && rng.chance(750) {
-            let after = (at + 1 + rng.below(8) as usize).min(inputs.len());
-            inputs.insert(after, Input::Rejoin);
+            let target = at + 1 + rng.below(8) as usize;
+            if let Some(input) = inputs.get_mut(target)
+                && *input != Input::Crash
+            {
+                *input = Input::Rejoin;
+            }
         }
-        at += 1;
     }
 }
 
