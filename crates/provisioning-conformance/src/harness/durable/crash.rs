@@ -171,6 +171,8 @@ impl<S: Substrate> Harness<S> {
         );
         self.driver = driver;
         self.durable.awaiting_rejoin = held_ready;
+        // G37 at once: the recovered driver counts none of them ready.
+        self.check_rejoins()?;
         // The limits are configuration: the new controller is given them too.
         self.driver.set_limits(self.limits.clone());
         let depth = if self.history_off {
@@ -264,7 +266,6 @@ impl<S: Substrate> Harness<S> {
             let shape = self.model.shape(self.generation);
             let _ = self.driver.update_desired(shape);
         }
-        self.check_rejoins()?;
         self.reconcile_listing()?;
         self.scan_orphans()
     }
