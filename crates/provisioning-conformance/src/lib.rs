@@ -1,5 +1,5 @@
 //! The conformance kit of `provisioning`: proves that a driver, an executor
-//! and a provider backend keep the guarantees G01–G30 and G32 of the specification.
+//! and a provider backend keep the guarantees G01–G30, G32 and G37 of the specification.
 //!
 //! Where to start:
 //! - [`Battery`] runs many seeded traces in both modes, replays regressions
