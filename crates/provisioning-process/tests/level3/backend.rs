@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use provisioning::effect::EffectRequest;
 use provisioning::executor::EffectBackend;
@@ -35,6 +35,7 @@ use provisioning::{
     BootParams, EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeSpec,
     NodeAttemptId, NodeTemplate, Operation, RunId,
 };
+use provisioning_conformance::level3::hold_call;
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
 use provisioning_process::{PROVIDER_KIND, ProcessPlugin, os};
@@ -51,13 +52,6 @@ const ANNOUNCE_POLL_INTERVAL: Duration = Duration::from_millis(2);
 
 /// The most times a lookup asks before it lets the plugin answer as it is.
 const ANNOUNCE_POLLS_MAX: usize = 2_500;
-
-/// How often a held create looks whether it was released.
-const HOLD_POLL_INTERVAL: Duration = Duration::from_millis(2);
-
-/// The longest a create is held (a safety bound; the trace or the teardown
-/// releases it long before).
-const HOLD_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// How often a call looks whether the plugin reported a node it killed.
 const LOSS_POLL_INTERVAL: Duration = Duration::from_millis(2);
@@ -257,7 +251,7 @@ impl ProcessBackend {
     }
 
     /// A create held before it reaches the plugin until the trace releases
-    /// it (or, as a safety bound, [`HOLD_WAIT_MAX`] passes): a slow provider
+    /// it (or, as a safety bound, the kit's `HOLD_WAIT_MAX` passes): a slow provider
     /// call. The call runs as a task of the substrate's runtime, so it goes
     /// on even when the controller that made it crashed and its executor was
     /// dropped — and then may reach the plugin after recovery moved on, and
@@ -268,23 +262,7 @@ impl ProcessBackend {
         key: &ResourceKey,
     ) -> Result<EffectOutput, EffectError> {
         let serial = self.shared.hang_on(key.clone(), real.id, None);
-        let adapter = self.adapter.clone();
-        let shared = self.shared.clone();
-        let operation = real.clone();
-        let call = tokio::spawn(async move {
-            let _held = shared.held(serial, operation.id);
-            let deadline = Instant::now() + HOLD_WAIT_MAX;
-            while !shared.released(serial) && Instant::now() < deadline {
-                tokio::time::sleep(HOLD_POLL_INTERVAL).await;
-            }
-            shared.mark_busy(operation.id);
-            adapter.execute(&operation).await
-        });
-        let outcome = call.await.unwrap_or_else(|error| {
-            Err(EffectError::ambiguous(format!(
-                "the held create's task ended without an answer: {error}"
-            )))
-        });
+        let outcome = hold_call(&self.shared, &self.adapter, serial, real).await;
         if let Ok(EffectOutput::LeaseCreated { adopted: false, .. }) = &outcome {
             self.check_single_agent(key);
         }

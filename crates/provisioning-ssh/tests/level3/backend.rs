@@ -31,6 +31,7 @@ use provisioning::{
     BootParams, EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeSpec,
     NodeTemplate, Operation, RunId,
 };
+use provisioning_conformance::level3::hold_call;
 use provisioning_conformance::level3::{Intercept, PluginCall};
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
@@ -50,13 +51,6 @@ const FAIL_ENV: &str = "PROVISION_L3_FAIL";
 /// The verify command of every node: it fails while the marker exists.
 const VERIFY_COMMAND: &str =
     "[ ! -e \"$PROVISION_L3_FAIL\" ] || { echo 'level 3 fails this verify command' >&2; exit 1; }";
-
-/// How often a held create looks whether it was released.
-const HOLD_POLL_INTERVAL: Duration = Duration::from_millis(2);
-
-/// The longest a create is held (a safety bound; the trace or the teardown
-/// releases it long before).
-const HOLD_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// How often a cut create looks for its claim script waiting on a host.
 const CUT_POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -325,7 +319,7 @@ impl SshBackend {
     }
 
     /// A create held before it reaches the plugin until the trace releases
-    /// it (or, as a safety bound, [`HOLD_WAIT_MAX`] passes): a slow call. It
+    /// it (or, as a safety bound, the kit's `HOLD_WAIT_MAX` passes): a slow call. It
     /// runs as a task of the substrate's runtime, so it would go on after a
     /// controller crash (crashes are not exercised yet; see the substrate).
     async fn create_held(
@@ -334,23 +328,7 @@ impl SshBackend {
         key: &ResourceKey,
     ) -> Result<EffectOutput, EffectError> {
         let serial = hang_on(&self.shared, real.id, None);
-        let adapter = self.adapter.clone();
-        let shared = self.shared.clone();
-        let operation = real.clone();
-        let call = tokio::spawn(async move {
-            let _held = shared.held(serial, operation.id);
-            let deadline = Instant::now() + HOLD_WAIT_MAX;
-            while !shared.released(serial) && Instant::now() < deadline {
-                tokio::time::sleep(HOLD_POLL_INTERVAL).await;
-            }
-            shared.mark_busy(operation.id);
-            adapter.execute(&operation).await
-        });
-        let outcome = call.await.unwrap_or_else(|error| {
-            Err(EffectError::ambiguous(format!(
-                "the held create's task ended without an answer: {error}"
-            )))
-        });
+        let outcome = hold_call(&self.shared, &self.adapter, serial, real).await;
         if let Ok(EffectOutput::LeaseCreated { adopted: false, .. }) = &outcome {
             self.check_single_claim(key);
         }
