@@ -170,7 +170,7 @@ impl<F, X: Default, P: Clone> SubstrateCore<F, X, P> {
 
     /// The account of the queued work and the shared state every substrate
     /// gives, for `run`; `hung` says what a hung call waits on.
-    fn describe(&self, hung: &str, run: &RunId) -> String {
+    pub fn describe_work(&self, hung: &str, run: &RunId) -> String {
         let state = self.shared.lock();
         format!(
             "{} task(s) queued ({} runnable), {} call(s) doing I/O, {} hung{hung}, \
@@ -463,7 +463,7 @@ impl<W: Level3World> Substrate for Level3Substrate<W> {
     }
 
     fn describe_work(&self) -> String {
-        let common = self.core.describe(W::HUNG_ON, self.world.run());
+        let common = self.core.describe_work(W::HUNG_ON, self.world.run());
         match self.world.describe_world(&self.core) {
             Some(world) => format!("{common}: {world}"),
             None => common,
