@@ -34,6 +34,9 @@
 //!   [`Level3World`] (its fault mapping, its own count of what is live, its
 //!   teardown), on a [`SubstrateCore`] (the shared state, the manual
 //!   spawner, the runtime the plugin runs on).
+//! - [`RealNode`]: the kit's operations as a real plugin serves them (the
+//!   substrate's run, the provider's kind, the world's verify command, a
+//!   long-running workload).
 //! - [`hold_call`]: a call held before it reaches the plugin, in a task of
 //!   its own, as a slow provider API holds it.
 //! - [`Level3Battery`]: seeds × both modes plus written traces, a small
@@ -49,6 +52,7 @@ mod intercept;
 mod ledger;
 mod runs;
 mod shared;
+mod spec;
 mod substrate;
 mod work;
 
@@ -63,5 +67,6 @@ pub use shared::{
     Detached, Hang, HeldCall, INBOX_OBSERVATIONS_MAX, InFlight, Producible, Scripted, Shared,
     State, attempt_key,
 };
+pub use spec::{RealNode, WORKLOAD_COMMAND};
 pub use substrate::{Core, Level3Substrate, Level3World, RUNTIME_SHUTDOWN_WAIT_MAX, SubstrateCore};
 pub use work::{WorkBounds, run_work, run_work_reporting};

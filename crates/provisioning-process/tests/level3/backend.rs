@@ -32,10 +32,9 @@ use provisioning::effect::EffectRequest;
 use provisioning::executor::EffectBackend;
 use provisioning::spawn::BoxFuture;
 use provisioning::{
-    BootParams, EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeSpec,
-    NodeAttemptId, NodeTemplate, Operation, RunId,
+    EffectError, EffectOutput, EndpointLookup, LeaseHandle, NodeAttemptId, Operation, RunId,
 };
-use provisioning_conformance::level3::hold_call;
+use provisioning_conformance::level3::{RealNode, hold_call};
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
 use provisioning_process::{PROVIDER_KIND, ProcessPlugin, os};
@@ -43,9 +42,6 @@ use provisioning_provider::{PluginBackendAdapter, ProvisionPlugin};
 
 use super::os_faults::{self, AgentProgram, GATE_VERIFY_COMMAND, GATES_ENV, Gates, attempt_key};
 use super::shared::{ProcessShared, Shared, Stopped};
-
-/// The workload every node runs once its boot gate passed.
-pub(crate) const WORKLOAD_COMMAND: &str = "exec sleep 3600";
 
 /// How often a lookup asks whether a continued agent announced itself.
 const ANNOUNCE_POLL_INTERVAL: Duration = Duration::from_millis(2);
@@ -162,39 +158,21 @@ impl ProcessBackend {
         }
     }
 
-    /// The operation as the process plugin sees it (see the module docs).
+    /// The operation as the process plugin sees it (see the module docs):
+    /// the substrate's run, the `process` provider, the gated verify
+    /// command and the workload.
     fn translate(&self, operation: &Operation) -> Operation {
-        Operation {
-            id: operation.id,
-            run_id: self.world.run.clone(),
-            node: operation.node.clone(),
-            spec: self.real_spec(&operation.spec),
-            request: operation.request.clone(),
-        }
-    }
-
-    /// A kit spec as the process plugin sees it: the substrate's run, the
-    /// `process` provider, the gated verify command and the workload.
-    pub(crate) fn real_spec(&self, spec: &LogicalNodeSpec) -> LogicalNodeSpec {
-        let template = spec.template();
-        let boot = BootParams {
-            user: String::new(),
-            verify_commands: vec![GATE_VERIFY_COMMAND.to_owned()],
-            start_command: WORKLOAD_COMMAND.to_owned(),
+        RealNode {
+            run: &self.world.run,
+            provider: PROVIDER_KIND,
+            verify_command: GATE_VERIFY_COMMAND,
             env: BTreeMap::from([(
                 GATES_ENV.to_owned(),
                 self.world.gates.dir().display().to_string(),
             )]),
-            args: Vec::new(),
-        };
-        let real = NodeTemplate {
-            role: template.role.clone(),
-            provider: PROVIDER_KIND.to_owned(),
-            shape: template.shape.clone(),
-            boot,
-            swarm_join: template.swarm_join.clone(),
-        };
-        LogicalNodeSpec::new(spec.id().clone(), self.world.run.clone(), Arc::new(real))
+            shape: None,
+        }
+        .operation(operation)
     }
 
     async fn run(&self, operation: &Operation) -> Result<EffectOutput, EffectError> {

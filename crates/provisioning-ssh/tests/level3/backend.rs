@@ -27,12 +27,8 @@ use std::time::{Duration, Instant};
 use provisioning::effect::EffectRequest;
 use provisioning::executor::EffectBackend;
 use provisioning::spawn::BoxFuture;
-use provisioning::{
-    BootParams, EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeSpec,
-    NodeTemplate, Operation, RunId,
-};
-use provisioning_conformance::level3::hold_call;
-use provisioning_conformance::level3::{Intercept, PluginCall};
+use provisioning::{EffectError, EffectOutput, EndpointLookup, LeaseHandle, Operation, RunId};
+use provisioning_conformance::level3::{Intercept, PluginCall, RealNode, hold_call};
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
 use provisioning_provider::{AttemptKey, PluginBackendAdapter, ProvisionPlugin};
@@ -41,9 +37,6 @@ use provisioning_ssh::PROVIDER_KIND;
 use super::Level3;
 use super::hosts::{Role, signal};
 use super::shared::{Shared, hang_on};
-
-/// The workload every node runs.
-pub(crate) const WORKLOAD_COMMAND: &str = "exec sleep 3600";
 
 /// The environment variable naming a node's verify-failure marker.
 const FAIL_ENV: &str = "PROVISION_L3_FAIL";
@@ -160,35 +153,17 @@ impl SshBackend {
     /// The operation as the ssh plugin sees it (see the module docs).
     fn translate(&self, operation: &Operation) -> Operation {
         let key = (operation.node.clone(), operation.attempt());
-        Operation {
-            id: operation.id,
-            run_id: self.world.run.clone(),
-            node: operation.node.clone(),
-            spec: self.real_spec(&operation.spec, &key),
-            request: operation.request.clone(),
-        }
-    }
-
-    fn real_spec(&self, spec: &LogicalNodeSpec, key: &ResourceKey) -> LogicalNodeSpec {
-        let template = spec.template();
-        let boot = BootParams {
-            user: String::new(),
-            verify_commands: vec![VERIFY_COMMAND.to_owned()],
-            start_command: WORKLOAD_COMMAND.to_owned(),
+        RealNode {
+            run: &self.world.run,
+            provider: PROVIDER_KIND,
+            verify_command: VERIFY_COMMAND,
             env: BTreeMap::from([(
                 FAIL_ENV.to_owned(),
-                self.world.marker(key).display().to_string(),
+                self.world.marker(&key).display().to_string(),
             )]),
-            args: Vec::new(),
-        };
-        let real = NodeTemplate {
-            role: template.role.clone(),
-            provider: PROVIDER_KIND.to_owned(),
-            shape: template.shape.clone(),
-            boot,
-            swarm_join: template.swarm_join.clone(),
-        };
-        LogicalNodeSpec::new(spec.id().clone(), self.world.run.clone(), Arc::new(real))
+            shape: None,
+        }
+        .operation(operation)
     }
 
     async fn run(&self, operation: &Operation) -> Result<EffectOutput, EffectError> {
