@@ -37,6 +37,8 @@
 //! - [`RealNode`]: the kit's operations as a real plugin serves them (the
 //!   substrate's run, the provider's kind, the world's verify command, a
 //!   long-running workload).
+//! - [`assert_clean_run`] and [`assert_leak_caught`]: one trace run clean
+//!   and with a deliberate leak, to show that the world's own count bites.
 //! - [`hold_call`]: a call held before it reaches the plugin, in a task of
 //!   its own, as a slow provider API holds it.
 //! - [`Level3Battery`]: seeds × both modes plus written traces, a small
@@ -47,6 +49,7 @@
 //! needs; the harness's clock stays the trace's.
 
 mod battery;
+mod defect;
 mod held;
 mod intercept;
 mod ledger;
@@ -59,6 +62,7 @@ mod work;
 pub use battery::{Level3Battery, Level3Error, Waiver, describe, restricted};
 #[cfg(feature = "sqlite")]
 pub use battery::{TempSqliteJournal, temp_sqlite_journal};
+pub use defect::{assert_clean_run, assert_leak_caught};
 pub use held::{HOLD_POLL_INTERVAL, HOLD_WAIT_MAX, hold_call};
 pub use intercept::{Intercept, Intercepted, PluginCall};
 pub use ledger::{LeaseOwners, Ledger, LedgerPolicy, SessionHandles, SessionTrack};
