@@ -164,7 +164,7 @@ fn script(rng: &mut SplitMix64) -> (Value, Vec<bool>) {
         // The unanswered calls are spread through the run.
         let reply = n % (total / UNANSWERED_CALLS) != total / UNANSWERED_CALLS - 1;
         let junk: Vec<Value> = (0..rng.below(4))
-            .map(|_| Value::String(hex::encode(&junk_line(rng))))
+            .map(|_| Value::String(hex::encode(junk_line(rng))))
             .collect();
         entries.push(json!({
             "junk": junk,

@@ -222,10 +222,7 @@ pub trait Level3World: Sized {
     ///
     /// # Panics
     /// When the test environment cannot provide it: Level 3 fails loudly.
-    fn start(
-        context: Arc<Self::Context>,
-        defect: Option<Self::Defect>,
-    ) -> (SubstrateCore<Self::Faults, Self::Session, Self::Hang>, Self);
+    fn start(context: Arc<Self::Context>, defect: Option<Self::Defect>) -> (Core<Self>, Self);
 
     /// The world's run.
     fn run(&self) -> &RunId;
