@@ -22,12 +22,18 @@
 //! Calls run on a tokio runtime (with the `process`, `time` and `io-util`
 //! drivers enabled); constructing an [`ExecPlugin`] needs none.
 //!
-//! The crate also implements the conformance kit's
-//! [`ContractFaults`] over the protocol's optional test hooks, and
-//! [`conformance`] runs the seam contract suite against a program.
+//! With the `kit` feature (off by default: running a provider program
+//! needs no conformance kit), the crate also implements the kit's
+//! `ContractFaults` over the protocol's optional test hooks
+//! (`contract_faults`), `conformance` runs the seam contract suite against a
+//! program, and `battery` runs the kit's trace battery against it.
 
+#[cfg(feature = "kit")]
 pub mod battery;
+#[cfg(feature = "kit")]
 pub mod conformance;
+#[cfg(feature = "kit")]
+mod contract_faults;
 pub mod wire;
 
 use std::collections::BTreeMap;
@@ -41,8 +47,6 @@ use async_trait::async_trait;
 use provisioning::effect::SessionHandle;
 use provisioning::spawn::BoxFuture;
 use provisioning::{Endpoint, EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
-use provisioning_conformance::contract::{ContractFaults, PluginMethod};
-use provisioning_conformance::trace::Fault;
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
     PluginError, ProvisionPlugin,
@@ -56,7 +60,7 @@ use tokio::time::Instant;
 
 use crate::wire::{
     CreateResult, DecodeError, Disposition, HANDSHAKE_ID, Hello, Line, LineSplitter, ListResult,
-    LookupResult, LoseResult, Message, PROTOCOL, PROTOCOL_VERSION, StartResult, WireError,
+    LookupResult, Message, PROTOCOL, PROTOCOL_VERSION, StartResult, WireError,
 };
 
 /// The default provider kind an [`ExecPlugin`] serves.
@@ -971,6 +975,7 @@ impl ExecPlugin {
     }
 
     /// A test hook's call (§6): its result decoded as `T`.
+    #[cfg(feature = "kit")]
     pub(crate) async fn hook<T: serde::de::DeserializeOwned>(
         &self,
         method: &'static str,
@@ -981,6 +986,7 @@ impl ExecPlugin {
     }
 
     /// The name of the running program's start, for logs.
+    #[cfg(feature = "kit")]
     pub(crate) fn name(&self) -> &str {
         &self.inner.name
     }
@@ -1048,80 +1054,5 @@ impl ProvisionPlugin for ExecPlugin {
 
     async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
         self.list_nodes_armed(run, Arm::NONE).await
-    }
-}
-
-/// The protocol's name of a fault the contract suite asks for.
-fn fault_name(fault: Fault) -> Option<&'static str> {
-    match fault {
-        Fault::Definite => Some("definite"),
-        Fault::AmbiguousDone => Some("ambiguous_done"),
-        Fault::AmbiguousUndone => Some("ambiguous_undone"),
-        _ => None,
-    }
-}
-
-impl ContractFaults for ExecPlugin {
-    /// Sends `inject_fault` when the running program offered that fault in
-    /// its handshake. The request is queued before any later call, and the
-    /// program arms it before reading on, so it applies to the next call.
-    fn inject(&self, method: PluginMethod, fault: Fault) -> bool {
-        let Some(fault) = fault_name(fault) else {
-            return false;
-        };
-        let Some(connection) = self.inner.live() else {
-            return false;
-        };
-        let offered = connection
-            .hello
-            .faults
-            .iter()
-            .any(|offer| offer.method == method.name() && offer.fault == fault);
-        if !offered {
-            return false;
-        }
-        // The reply is not awaited (this hook is synchronous); a refusal
-        // shows in the log when a runtime is there to watch for it.
-        let Some((_, reply)) = connection.send(
-            "inject_fault",
-            None,
-            json!({"method": method.name(), "fault": fault}),
-        ) else {
-            return false;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let name = self.inner.name.clone();
-            let what = format!("{fault} for {method}");
-            runtime.spawn(async move {
-                let armed = match reply.await {
-                    Ok(Reply::Answer(Ok(value))) => value.get("armed").and_then(Value::as_bool),
-                    _ => None,
-                };
-                if armed != Some(true) {
-                    tracing::warn!(program = %name, "inject_fault {what} was not armed");
-                }
-            });
-        }
-        true
-    }
-
-    fn lose_node<'a>(&'a self, key: &'a AttemptKey) -> BoxFuture<'a, bool> {
-        Box::pin(async move {
-            let offered = self.inner.live().is_some_and(|c| c.hello.lose_node);
-            if !offered {
-                return false;
-            }
-            match self
-                .inner
-                .call_as::<LoseResult>("lose_node", Some(key), json!({}), Arm::NONE)
-                .await
-            {
-                Ok(result) => result.lost,
-                Err(error) => {
-                    tracing::warn!(program = %self.inner.name, "lose_node of {key} failed: {error}");
-                    false
-                }
-            }
-        })
     }
 }

@@ -493,25 +493,30 @@ pub(crate) struct ListedWire {
     pub(crate) lease: String,
 }
 
-/// The `result` of `lose_node`.
+/// The `result` of `lose_node` (the test hooks' replies are read only by
+/// the kit's side of the crate).
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct LoseResult {
     pub(crate) lost: bool,
 }
 
 /// The `result` of the `live` hook.
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct LiveResult {
     pub(crate) leases: Vec<LiveLease>,
     pub(crate) sessions: Vec<LiveSession>,
 }
 
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct LiveLease {
     pub(crate) key: WireKey,
     pub(crate) lease: String,
 }
 
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct LiveSession {
     pub(crate) key: WireKey,
@@ -520,12 +525,14 @@ pub(crate) struct LiveSession {
 }
 
 /// The `result` of the `emit` hook.
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct EmitResult {
     pub(crate) emitted: bool,
 }
 
 /// The `result` of the `release` hook.
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct ReleaseResult {
     pub(crate) released: u64,

@@ -277,11 +277,7 @@ impl StateCodec {
     }
 }
 
+/// The first eight bytes of `digest` as sixteen lowercase hex digits.
 fn hex16(digest: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(16);
-    for byte in digest.iter().take(8) {
-        let _ = write!(out, "{byte:02x}");
-    }
-    out
+    hex::encode(&digest[..digest.len().min(8)])
 }
