@@ -20,7 +20,7 @@
 //!
 //! # What is live
 //! Leases are counted from `/proc` alone: the run's tagged process-group
-//! leaders (agents), per node and attempt ([`provisioning_process::os`]). A
+//! leaders (agents), per node and attempt ([`provisioning_agent::os`]). A
 //! bootstrap session has no process of its own; it counts as live while the
 //! plugin has not reported its end and its agent is alive in `/proc`.
 
@@ -33,12 +33,13 @@ use provisioning::observe::LossCause;
 use provisioning::spawn::{ManualSpawner, Spawner};
 use provisioning::state::BootstrapFailure;
 use provisioning::{LeaseHandle, LogicalNodeId, NodeAttemptId, Observation};
+use provisioning_agent::os;
 use provisioning_conformance::level3::{WorkBounds, run_work};
 use provisioning_conformance::substrate::{
     CallRecord, Capabilities, LiveResources, ResourceKey, Substrate, SubstrateCounters,
 };
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
-use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig, os};
+use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig};
 use provisioning_provider::{ObservationSink, PluginBackendAdapter, ProvisionPlugin};
 
 use super::Level3;
