@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use provisioning::{RetryPolicy, RunId};
+use provisioning_agent::RunSecret;
 use provisioning_process::{
     AgentCommand, AgentLifetime, ENDPOINT_PROBE_INTERVAL, ProcessPlugin, ProcessPluginConfig,
-    RunSecret,
 };
 
 use crate::shape_file::{EXEC_PROVIDER, ExecSettings, ProcessSettings};
@@ -95,7 +95,7 @@ pub(crate) fn retry_policy() -> RetryPolicy {
 
 /// Runs the node agent with the arguments that followed `agent`.
 pub(crate) fn agent_main(args: Vec<OsString>) -> ExitCode {
-    provisioning_process::agent::main(args)
+    provisioning_agent::main(args)
 }
 
 #[cfg(test)]

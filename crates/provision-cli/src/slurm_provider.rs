@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provisioning::RunId;
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_runtime::PluginEntry;
 use provisioning_slurm::{GroupShape, SlurmPlugin, SlurmPluginConfig, SlurmSettings};
 use toml::Spanned;

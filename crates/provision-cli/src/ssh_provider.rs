@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use provisioning::RunId;
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_runtime::PluginEntry;
 use provisioning_ssh::{SshAgentConfig, SshHost, SshPlugin, SshPluginConfig};
 use serde::Deserialize;

@@ -20,7 +20,7 @@ use common::{Testbed, agents_under, process_alive};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use provisioning::RunId;
-use provisioning_process::os;
+use provisioning_agent::os;
 use serde_json::Value;
 use up::{BINARY, Bounds, POLL_INTERVAL, Up, nodes, ready};
 

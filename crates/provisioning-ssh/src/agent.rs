@@ -16,8 +16,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use provisioning::observe::{BootstrapEvent, LossCause};
-use provisioning_process::RunSecret;
-use provisioning_process::remote::{DEFAULT_REJOIN_GRACE, RemoteError, RemoteEvent};
+use provisioning_agent::RunSecret;
+use provisioning_agent::remote::{DEFAULT_REJOIN_GRACE, RemoteError, RemoteEvent};
 use provisioning_provider::{AttemptKey, ObservationSink};
 use thiserror::Error;
 

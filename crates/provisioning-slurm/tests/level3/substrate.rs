@@ -57,13 +57,13 @@ use provisioning::observe::LossCause;
 use provisioning::spawn::{ManualSpawner, Spawner};
 use provisioning::state::BootstrapFailure;
 use provisioning::{LeaseHandle, LogicalNodeId, NodeAttemptId, Observation, RunId};
+use provisioning_agent::RunSecret;
+use provisioning_agent::os::{self, TaggedProcess};
 use provisioning_conformance::level3::{WorkBounds, run_work};
 use provisioning_conformance::substrate::{
     CallRecord, Capabilities, LiveResources, ResourceKey, Substrate, SubstrateCounters,
 };
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
-use provisioning_process::RunSecret;
-use provisioning_process::os::{self, TaggedProcess};
 use provisioning_provider::{ObservationSink, PluginBackendAdapter, ProvisionPlugin};
 use provisioning_slurm::parse::{self, AGENT_STEP, STEPS_FORMAT, parse_job_name};
 use provisioning_slurm::{SlurmPlugin, SlurmPluginConfig};

@@ -42,12 +42,12 @@ use provisioning::effect::SessionHandle;
 use provisioning::observe::LossCause;
 use provisioning::spawn::{ManualSpawner, Spawner};
 use provisioning::{LeaseHandle, LogicalNodeId, NodeAttemptId, Observation};
+use provisioning_agent::RunSecret;
 use provisioning_conformance::level3::{Intercepted, WorkBounds, attempt_key, run_work};
 use provisioning_conformance::substrate::{
     CallRecord, Capabilities, LiveResources, ResourceKey, Substrate, SubstrateCounters,
 };
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
-use provisioning_process::RunSecret;
 use provisioning_provider::{ObservationSink, PluginBackendAdapter, ProvisionPlugin};
 use provisioning_ssh::{SshAgentConfig, SshPlugin};
 
