@@ -5,6 +5,7 @@
 //! file offline. See the README for a quick start and `shape_file` for the
 //! file format.
 
+mod agent_binary;
 mod conformance;
 mod control;
 mod display;

@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
+use provisioning_agent::RunSecret;
+use provisioning_agent::credential::RUN_SECRET_LEN;
 use provisioning_journal::{SqliteJournal, SqliteOptions, state_file_path};
-use provisioning_process::RunSecret;
-use provisioning_process::credential::RUN_SECRET_LEN;
 use provisioning_runtime::Durability;
 
 /// The most state files `down` looks at when no run is named.

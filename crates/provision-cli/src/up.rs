@@ -213,7 +213,7 @@ fn refused(message: &str) -> ExitCode {
 /// Starts the providers and a host that keeps its state in `durability`.
 async fn start_host(
     run_id: &RunId,
-    secret: provisioning_process::RunSecret,
+    secret: provisioning_agent::RunSecret,
     source: &shape_file::ShapeSource,
     limits: provisioning::Limits,
     durability: Durability,

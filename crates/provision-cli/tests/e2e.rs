@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use provisioning::RunId;
-use provisioning_process::os;
+use provisioning_agent::os;
 use serde_json::Value;
 use up::{Bounds, POLL_INTERVAL, Up, nodes, wait_output};
 

@@ -4,17 +4,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use provisioning::observe::LossCause;
 use provisioning_provider::{AttemptKey, PluginError};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdout};
 use tokio::sync::watch;
 
-use crate::os;
 use crate::state::{Life, SessionState, Shared};
-use crate::wire::{self, AgentAnnouncement};
+use provisioning_agent::codec::{MessageReader, TextLinesCodec};
+use provisioning_agent::os;
+use provisioning_agent::wire::AgentAnnouncement;
+use tokio_util::codec::FramedRead;
 
 /// How long a stop waits for the agent to exit after `SIGKILL`.
 const EXIT_AFTER_KILL_WAIT_MAX: Duration = Duration::from_secs(5);
@@ -25,7 +27,8 @@ const GROUP_GONE_WAIT_MAX: Duration = Duration::from_secs(5);
 /// How often a stop looks at `/proc` while waiting for the group to go.
 const GROUP_POLL_INTERVAL: Duration = Duration::from_millis(20);
 
-/// The longest agent output line relayed to the log; longer lines are cut.
+/// The longest agent output line relayed to the log; longer lines are cut
+/// into pieces of this size.
 const RELAYED_LINE_BYTES_MAX: usize = 4096;
 
 /// Waits for the agent to exit and records it. An exit nobody asked for is
@@ -124,8 +127,8 @@ pub(crate) async fn read_announcement(
     instance: u64,
     stdout: ChildStdout,
 ) {
-    let mut reader = BufReader::new(stdout);
-    match wire::read_message::<AgentAnnouncement, _>(&mut reader).await {
+    let mut reader = MessageReader::<AgentAnnouncement, _>::new(stdout);
+    match reader.next().await {
         Ok(Some(AgentAnnouncement::Listening { address, pid })) if address.ip().is_loopback() => {
             tracing::debug!(node = %key, %address, pid, "node agent listening");
             if let Some(entry) = shared
@@ -149,22 +152,15 @@ pub(crate) async fn read_announcement(
     }
     // Nothing else is expected here; draining keeps the agent from blocking.
     let mut sink = tokio::io::sink();
-    let _ = tokio::io::copy(&mut reader, &mut sink).await;
+    let _ = tokio::io::copy(&mut reader.into_inner(), &mut sink).await;
 }
 
 /// Relays the agent's (and its workload's) diagnostics to this process's log.
 pub(crate) async fn relay_output(key: AttemptKey, stderr: ChildStderr) {
-    let mut reader = BufReader::new(stderr);
-    let mut line = Vec::new();
-    let limit = u64::try_from(RELAYED_LINE_BYTES_MAX).unwrap_or(u64::MAX);
-    loop {
-        line.clear();
-        match (&mut reader).take(limit).read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let text = String::from_utf8_lossy(&line);
-        let text = text.trim_end();
+    let mut lines = FramedRead::new(stderr, TextLinesCodec::new(RELAYED_LINE_BYTES_MAX));
+    // Bounded by the agent's life: it ends when the pipe closes.
+    while let Some(Ok(line)) = lines.next().await {
+        let text = line.trim_end();
         let first = text.split_whitespace().next().unwrap_or("");
         if first == "ERROR" || first == "WARN" {
             tracing::warn!(target: "provisioning_process::node", node = %key, "{text}");

@@ -19,10 +19,10 @@ use provisioning_provider::{AttemptKey, ObservationSink};
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
-use crate::credential::RunSecret;
 use crate::plugin::{AgentCommand, AgentLifetime, ProcessPluginConfig};
 use crate::scan::ProcScanner;
 use crate::session::{Handshake, SessionCommand};
+use provisioning_agent::credential::RunSecret;
 
 /// Whether a node's agent process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -31,12 +31,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use level3::{Defect, Level3, ProcessSubstrate, ProcessWorld, RUN_GONE_WAIT_MAX, contract_subject};
+use provisioning_agent::os;
 use provisioning_conformance::contract::run_contract_suite;
 use provisioning_conformance::level3::{
     FaultCounts, Level3Battery, RunsGuard, assert_clean_run, assert_leak_caught, describe,
     temp_sqlite_journal,
 };
-use provisioning_process::os;
 
 /// The base from which Level 3 derives its seeds.
 const LEVEL3_SEED_BASE: u64 = 0x1E7E_3000_C0DE_0003;

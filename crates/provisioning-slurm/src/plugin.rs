@@ -11,8 +11,8 @@ use provisioning::effect::SessionHandle;
 use provisioning::observe::{BootstrapEvent, LossCause};
 use provisioning::state::{BootstrapFailure, BootstrapProgress};
 use provisioning::{Endpoint, EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
-use provisioning_process::remote::{RemoteError, RemoteEvent, RemoteSwarm, RemoteSwarmConfig};
-use provisioning_process::wire::{
+use provisioning_agent::remote::{RemoteError, RemoteEvent, RemoteSwarm, RemoteSwarmConfig};
+use provisioning_agent::wire::{
     BootOrder, ControlReply, FailureStage, JoinOrder, PROTOCOL_VERSION, ProgressStage,
 };
 use provisioning_provider::{

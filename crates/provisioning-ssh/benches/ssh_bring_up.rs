@@ -37,7 +37,7 @@ use provisioning::{
     BootParams, EndpointLookup, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeGroup,
     NodeTemplate, Observation, ProviderShape, RetryPolicy, RunId, SwarmJoinTemplate,
 };
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_provider::{AttemptKey, BootstrapRequest, ObservationSink, ProvisionPlugin};
 use provisioning_runtime::{Host, HostConfig, PluginEntry};
 use provisioning_ssh::SshPlugin;

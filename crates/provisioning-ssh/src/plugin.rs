@@ -13,8 +13,8 @@ use provisioning::state::{BootstrapFailure, BootstrapProgress};
 use provisioning::{
     Endpoint, EndpointLookup, LeaseHandle, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, RunId,
 };
-use provisioning_process::remote::{RemoteSwarm, RemoteSwarmConfig};
-use provisioning_process::wire::{self, BootOrder, ControlReply, FailureStage, JoinOrder};
+use provisioning_agent::remote::{RemoteSwarm, RemoteSwarmConfig};
+use provisioning_agent::wire::{self, BootOrder, ControlReply, FailureStage, JoinOrder};
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
     PluginError, ProvisionPlugin,
@@ -82,7 +82,7 @@ pub enum FaultMode {
 /// # Bootstrap: the node agent
 /// A plugin made with [`SshPlugin::start`] owns a swarm listener
 /// ([`RemoteSwarm`]) and starts the node agent on its hosts
-/// (`provisioning_process::agent`, remote boot mode). `start_bootstrap` is
+/// (`provisioning_agent::agent`, remote boot mode). `start_bootstrap` is
 /// one SSH call (plus one upload the first time a host lacks the agent):
 /// with the host key verified, it runs the verify commands, and starts the
 /// installed agent detached (a session of its own, so it outlives the SSH
@@ -450,7 +450,7 @@ impl SshPlugin {
 
     /// Starts the installed agent `agent` (see [`SshPlugin::install_agent`])
     /// for the claim of `key` on `host`, in the remote boot mode of
-    /// `provisioning_process::agent::remote`. `order` is the boot order's
+    /// `provisioning_agent::agent::remote`. `order` is the boot order's
     /// JSON; it travels on `ssh`'s standard input into a `0600` file, never
     /// on a command line. Returns `true` when started now, `false` when a
     /// session of the claim existed already.
@@ -1031,7 +1031,7 @@ impl ProvisionPlugin for SshPlugin {
             .rejoin_window
             .map(|window| {
                 (
-                    provisioning_process::agent::env::REJOIN_WINDOW_MS,
+                    provisioning_agent::agent::env::REJOIN_WINDOW_MS,
                     window.as_millis().to_string(),
                 )
             })

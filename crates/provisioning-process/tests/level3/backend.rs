@@ -34,10 +34,11 @@ use provisioning::spawn::BoxFuture;
 use provisioning::{
     EffectError, EffectOutput, EndpointLookup, LeaseHandle, NodeAttemptId, Operation, RunId,
 };
+use provisioning_agent::os;
 use provisioning_conformance::level3::{RealNode, hold_call};
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
-use provisioning_process::{PROVIDER_KIND, ProcessPlugin, os};
+use provisioning_process::{PROVIDER_KIND, ProcessPlugin};
 use provisioning_provider::{PluginBackendAdapter, ProvisionPlugin};
 
 use super::os_faults::{self, AgentProgram, GATE_VERIFY_COMMAND, GATES_ENV, Gates, attempt_key};

@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use provisioning::RunId;
+use provisioning_agent::os::{self, TaggedProcess};
 use provisioning_conformance::level3::{RunCleanup, Runs};
-use provisioning_process::os::{self, TaggedProcess};
 
 pub(crate) use backend::Defect;
 pub(crate) use contract::contract_subject;

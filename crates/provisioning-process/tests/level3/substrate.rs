@@ -20,7 +20,7 @@
 //!
 //! # What is live
 //! Leases are counted from `/proc` alone: the run's tagged process-group
-//! leaders (agents), per node and attempt ([`provisioning_process::os`]). A
+//! leaders (agents), per node and attempt ([`provisioning_agent::os`]). A
 //! bootstrap session has no process of its own; it counts as live while the
 //! plugin has not reported its end and its agent is alive in `/proc`.
 
@@ -31,10 +31,11 @@ use std::time::{Duration, Instant};
 use provisioning::observe::LossCause;
 use provisioning::state::BootstrapFailure;
 use provisioning::{LogicalNodeId, NodeAttemptId, RunId};
+use provisioning_agent::os;
 use provisioning_conformance::level3::{Core, Level3Substrate, Level3World, WorkBounds};
 use provisioning_conformance::substrate::{CallRecord, LiveResources, ResourceKey};
 use provisioning_conformance::trace::StreamEvent;
-use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig, os};
+use provisioning_process::{AgentCommand, ProcessPlugin, ProcessPluginConfig};
 use provisioning_provider::{PluginBackendAdapter, ProvisionPlugin};
 
 use super::Level3;

@@ -41,12 +41,12 @@ use std::time::{Duration, Instant};
 
 use provisioning::RunId;
 use provisioning::observe::LossCause;
+use provisioning_agent::RunSecret;
 use provisioning_conformance::level3::{
     Core, Intercepted, Level3Substrate, Level3World, WorkBounds,
 };
 use provisioning_conformance::substrate::{CallRecord, LiveResources, ResourceKey};
 use provisioning_conformance::trace::StreamEvent;
-use provisioning_process::RunSecret;
 use provisioning_provider::{PluginBackendAdapter, ProvisionPlugin};
 use provisioning_ssh::{SshAgentConfig, SshPlugin};
 

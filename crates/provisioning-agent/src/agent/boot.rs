@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::unistd::{User, getpid, getuid};
-use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
@@ -15,11 +15,12 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use super::{Agent, Phase, env};
+use crate::codec::{CodecError, MessageReader, write_message};
 use crate::credential::NodeCredential;
 use crate::os;
 use crate::wire::{
-    self, BootOrder, ControlReply, ControlRequest, FailureStage, JoinOrder, PROTOCOL_VERSION,
-    ProgressStage, SwarmHello, SwarmNotice, SwarmReply, WireError,
+    BootOrder, ControlReply, ControlRequest, FailureStage, JoinOrder, PROTOCOL_VERSION,
+    ProgressStage, SwarmHello, SwarmNotice, SwarmReply,
 };
 
 /// How long a new control connection may take to send its boot order.
@@ -179,7 +180,7 @@ fn claim(agent: &Agent, order: &BootOrder) -> Result<bool, String> {
 // as a warning, so that the warning appears once.
 async fn refuse(write: &mut OwnedWriteHalf, reason: String) {
     tracing::info!(%reason, "boot order refused");
-    let _ = wire::write_message(write, &ControlReply::Refused { reason }).await;
+    let _ = write_message(write, &ControlReply::Refused { reason }).await;
 }
 
 /// The uid and gid commands run as, when they differ from the agent's own.
@@ -236,12 +237,12 @@ fn resolve_user(name: &str) -> Result<Option<RunAs>, String> {
 /// the first error (which it forwards).
 async fn read_requests(
     read: OwnedReadHalf,
-    requests: mpsc::Sender<Result<ControlRequest, WireError>>,
+    requests: mpsc::Sender<Result<ControlRequest, CodecError>>,
 ) {
-    let mut reader = BufReader::new(read);
+    let mut reader = MessageReader::<ControlRequest, _>::new(read);
     // Bounded by the connection: it ends with the stream or the first error.
     loop {
-        let (forward, stop) = match wire::read_message::<ControlRequest, _>(&mut reader).await {
+        let (forward, stop) = match reader.next().await {
             Ok(Some(request)) => (Ok(request), false),
             Ok(None) => return,
             Err(error) => (Err(error), true),
@@ -257,7 +258,7 @@ struct Boot {
     order: Box<BootOrder>,
     user: Option<RunAs>,
     write: OwnedWriteHalf,
-    requests: mpsc::Receiver<Result<ControlRequest, WireError>>,
+    requests: mpsc::Receiver<Result<ControlRequest, CodecError>>,
 }
 
 /// The connection ended or misbehaved, or the controller cancelled.
@@ -271,7 +272,7 @@ enum Cancelled {
 impl Boot {
     /// Sends a reply; returns whether the controller is still there.
     async fn send(&mut self, reply: ControlReply) -> bool {
-        match wire::write_message(&mut self.write, &reply).await {
+        match write_message(&mut self.write, &reply).await {
             Ok(()) => true,
             Err(error) => {
                 tracing::warn!(%error, "control connection lost");
@@ -639,18 +640,14 @@ async fn join_swarm(agent: &Agent, join: &JoinOrder) -> Result<Membership, Strin
         swarm: join.swarm.clone(),
         labels: join.labels.clone(),
     };
-    wire::write_message(&mut write, &hello)
+    write_message(&mut write, &hello)
         .await
         .map_err(|error| format!("cannot send the hello: {error}"))?;
-    let mut reader = BufReader::new(read);
-    let reply = tokio::time::timeout(
-        WELCOME_WAIT_MAX,
-        wire::read_message::<SwarmReply, _>(&mut reader),
-    )
-    .await;
+    let mut reader = MessageReader::<SwarmReply, _>::new(read);
+    let reply = tokio::time::timeout(WELCOME_WAIT_MAX, reader.next()).await;
     match reply {
         Ok(Ok(Some(SwarmReply::Welcome))) => {
-            if !reader.buffer().is_empty() {
+            if reader.has_buffered() {
                 return Err("the swarm sent more than its welcome".to_owned());
             }
             Ok(Membership {
@@ -692,7 +689,7 @@ async fn hold_membership(
             },
             notice = next_notice(&mut notices), if notices_open => match notice {
                 Some(notice) => {
-                    if let Err(error) = wire::write_message(&mut membership.write, &notice).await {
+                    if let Err(error) = write_message(&mut membership.write, &notice).await {
                         break format!("cannot write to the swarm: {error}");
                     }
                 }
