@@ -673,7 +673,7 @@ fn plan_summarises_consecutive_slots_as_ranges() {
 }
 
 // ---------------------------------------------------------------------------
-// Durable state (SPEC §13).
+// Durable state (design §13).
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -949,7 +949,7 @@ fn in_detached_mode_kill_9_at_any_point_of_a_bring_up_ends_with_exactly_the_desi
 }
 
 // ---------------------------------------------------------------------------
-// Operator safety (SPEC §15).
+// Operator safety (design §15).
 // ---------------------------------------------------------------------------
 
 fn ready_in(status: &Value, group: &str) -> usize {
@@ -1275,7 +1275,7 @@ fn json_logs_are_one_object_per_line_without_colour_codes() {
 }
 
 // ---------------------------------------------------------------------------
-// Providers in any language (SPEC §16).
+// Providers in any language (design §16).
 // ---------------------------------------------------------------------------
 
 #[test]

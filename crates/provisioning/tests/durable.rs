@@ -1,4 +1,4 @@
-//! The durable form of the driver's memory (SPEC §13): change sets, the
+//! The durable form of the driver's memory (design §13): change sets, the
 //! serialized form, and recovery after a controller crash.
 
 mod common;

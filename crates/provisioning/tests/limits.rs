@@ -1,4 +1,4 @@
-//! Operator safety limits (SPEC §15, G29, G30): launch caps, rollout budgets
+//! Operator safety limits (design §15, G29, G30): launch caps, rollout budgets
 //! and circuit breakers, applied by the driver to the decider's answers.
 
 mod common;

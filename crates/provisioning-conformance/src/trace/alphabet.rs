@@ -123,7 +123,7 @@ impl ShapeChange {
     }
 }
 
-/// A probe of the revision contract (SPEC §2); none of them may change anything.
+/// A probe of the revision contract (design §2); none of them may change anything.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RevisionProbe {
     /// Submit a lower generation: must be rejected.
@@ -372,11 +372,11 @@ pub enum Input {
     /// inputs end, the crash happens then, between wakes. A no-op on a
     /// substrate that cannot survive a controller crash.
     Crash,
-    /// Change the operator limits the driver applies (SPEC §15).
+    /// Change the operator limits the driver applies (design §15).
     Limit(LimitChange),
 }
 
-/// A change of the operator limits (SPEC §15, G29, G30). Zero removes the
+/// A change of the operator limits (design §15, G29, G30). Zero removes the
 /// limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LimitChange {
