@@ -198,7 +198,26 @@ where
     M: Serialize,
     W: AsyncWrite + Unpin,
 {
-    let line = encode_message(message)?;
+    write_message_with_max_line_bytes(writer, message, LINE_BYTES_MAX).await
+}
+
+/// Writes `message` as one line of at most `max_line_bytes`, newline
+/// included, and flushes: [`write_message`] for a channel whose readers use
+/// [`JsonLinesCodec::with_max_line_bytes`]. Not cancel-safe.
+///
+/// # Errors
+/// As [`write_message`], with [`CodecError::LineTooLong`] over
+/// `max_line_bytes`.
+pub async fn write_message_with_max_line_bytes<M, W>(
+    writer: &mut W,
+    message: &M,
+    max_line_bytes: usize,
+) -> Result<(), CodecError>
+where
+    M: Serialize,
+    W: AsyncWrite + Unpin,
+{
+    let line = encode_line(message, max_line_bytes)?;
     writer.write_all(&line).await?;
     writer.flush().await?;
     Ok(())
