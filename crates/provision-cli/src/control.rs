@@ -5,23 +5,27 @@
 //! `PROVISION_SOCKET_DIR`), else `$XDG_RUNTIME_DIR/provision`, else
 //! `/tmp/provision-<uid>`; `--socket` (or `PROVISION_SOCKET`) names the socket
 //! itself. The protocol is one JSON request line and one JSON response line
-//! per connection.
+//! per connection, each at most [`MAX_MESSAGE_BYTES`], read and written with
+//! the agent's one line codec ([`provisioning_agent::codec`]).
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use provisioning_agent::codec::{
+    CodecError, JsonLinesCodec, MessageReader, write_message_with_max_line_bytes,
+};
 use provisioning_runtime::{HostHandle, PlanReport, ShutdownOutcome, StatusSnapshot};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
 use crate::shape_file;
 
 /// The longest request or response line accepted, in bytes.
-pub(crate) const MAX_MESSAGE_BYTES: u64 = 4 * 1024 * 1024;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// How long a connection may take to send its request.
 pub(crate) const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -247,20 +251,29 @@ async fn answer(
     providers: &[&'static str],
 ) -> io::Result<()> {
     let (read, mut write) = stream.into_split();
-    let mut line = String::new();
-    let mut reader = BufReader::new(read.take(MAX_MESSAGE_BYTES));
-    tokio::time::timeout(REQUEST_READ_TIMEOUT, reader.read_line(&mut line))
+    let mut reader = MessageReader::<Request, _>::with_codec(
+        read,
+        JsonLinesCodec::with_max_line_bytes(MAX_MESSAGE_BYTES),
+    );
+    let request = tokio::time::timeout(REQUEST_READ_TIMEOUT, reader.next())
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request in time"))??;
-    let response = match serde_json::from_str::<Request>(&line) {
-        Ok(request) => respond(request, handle, providers).await,
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request in time"))?;
+    let response = match request {
+        Ok(Some(request)) => respond(request, handle, providers).await,
+        Ok(None) => Response::Error {
+            message: "malformed request: the connection closed before a request".to_owned(),
+        },
+        Err(CodecError::Io(error)) => return Err(error),
         Err(error) => Response::Error {
-            message: format!("malformed request: {error}"),
+            message: format!("malformed request: {}", content_error(&error)),
         },
     };
-    let mut text = serde_json::to_string(&response).map_err(io::Error::other)?;
-    text.push('\n');
-    write.write_all(text.as_bytes()).await?;
+    write_message_with_max_line_bytes(&mut write, &response, MAX_MESSAGE_BYTES)
+        .await
+        .map_err(|error| match error {
+            CodecError::Io(error) => error,
+            other => io::Error::other(other),
+        })?;
     write.shutdown().await
 }
 
@@ -322,22 +335,35 @@ pub(crate) async fn ask(
             )
         })?;
         let (read, mut write) = stream.into_split();
-        let mut text = serde_json::to_string(request).map_err(|e| e.to_string())?;
-        text.push('\n');
-        write
-            .write_all(text.as_bytes())
+        write_message_with_max_line_bytes(&mut write, request, MAX_MESSAGE_BYTES)
             .await
-            .map_err(|e| format!("cannot send the request: {e}"))?;
-        let mut line = String::new();
-        BufReader::new(read.take(MAX_MESSAGE_BYTES))
-            .read_line(&mut line)
-            .await
-            .map_err(|e| format!("cannot read the answer: {e}"))?;
-        serde_json::from_str::<Response>(&line).map_err(|e| format!("malformed answer: {e}"))
+            .map_err(|error| match error {
+                CodecError::Io(error) => format!("cannot send the request: {error}"),
+                other => other.to_string(),
+            })?;
+        let mut answers = MessageReader::<Response, _>::with_codec(
+            read,
+            JsonLinesCodec::with_max_line_bytes(MAX_MESSAGE_BYTES),
+        );
+        match answers.next().await {
+            Ok(Some(answer)) => Ok(answer),
+            Ok(None) => Err("malformed answer: the connection closed before an answer".to_owned()),
+            Err(CodecError::Io(error)) => Err(format!("cannot read the answer: {error}")),
+            Err(error) => Err(format!("malformed answer: {}", content_error(&error))),
+        }
     };
     tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| format!("no answer from {} within {timeout:?}", socket.display()))?
+}
+
+/// What is wrong with a message that arrived: the JSON error itself for a
+/// line that is not a message, the codec's word otherwise.
+fn content_error(error: &CodecError) -> String {
+    match error {
+        CodecError::Malformed(json) => json.to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// Whether something answers on `socket`.

@@ -38,6 +38,12 @@
 //! [`TextLinesCodec`] is the same framing for free text a peer writes for
 //! people (an agent's log on its standard error): it never fails on content,
 //! it cuts long lines into bounded pieces instead.
+//!
+//! [`LossyLinesCodec`] is the same framing for a peer that may misbehave but
+//! must not be cut off for it (an exec provider program's standard output and
+//! error): it yields each line's bytes as they are, and a line over the bound
+//! is skipped and reported by its length ([`LossyLine::TooLong`]) while the
+//! lines after it are read as usual.
 
 use std::marker::PhantomData;
 
@@ -192,7 +198,26 @@ where
     M: Serialize,
     W: AsyncWrite + Unpin,
 {
-    let line = encode_message(message)?;
+    write_message_with_max_line_bytes(writer, message, LINE_BYTES_MAX).await
+}
+
+/// Writes `message` as one line of at most `max_line_bytes`, newline
+/// included, and flushes: [`write_message`] for a channel whose readers use
+/// [`JsonLinesCodec::with_max_line_bytes`]. Not cancel-safe.
+///
+/// # Errors
+/// As [`write_message`], with [`CodecError::LineTooLong`] over
+/// `max_line_bytes`.
+pub async fn write_message_with_max_line_bytes<M, W>(
+    writer: &mut W,
+    message: &M,
+    max_line_bytes: usize,
+) -> Result<(), CodecError>
+where
+    M: Serialize,
+    W: AsyncWrite + Unpin,
+{
+    let line = encode_line(message, max_line_bytes)?;
     writer.write_all(&line).await?;
     writer.flush().await?;
     Ok(())
@@ -301,6 +326,122 @@ impl Decoder for TextLinesCodec {
     }
 }
 
+/// One line out of a [`LossyLinesCodec`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LossyLine {
+    /// A line, without its newline (and without a `\r` before it).
+    Text(Vec<u8>),
+    /// A line longer than the bound, of this many bytes (a `\r` before its
+    /// newline included), discarded.
+    TooLong(usize),
+}
+
+/// Frames a byte stream as lines of at most a bound, skipping longer lines
+/// instead of failing: a [`Decoder`] of [`LossyLine`]s. At most the bound
+/// and two bytes of a line are held in memory, however long the line is.
+///
+/// The bound excludes the newline, and a `\r` before the newline is allowed
+/// on top of it. A last line without a newline is a line too.
+#[derive(Clone, Copy, Debug)]
+pub struct LossyLinesCodec {
+    /// The longest line yielded as text, newline and `\r` excluded.
+    max_line_bytes: usize,
+    /// While skipping an over-long line: its bytes seen so far.
+    skipped: Option<usize>,
+    /// Where to resume the search for a newline: the bytes before it were
+    /// searched by an earlier call.
+    searched: usize,
+}
+
+impl LossyLinesCodec {
+    /// A codec yielding lines of at most `max_line_bytes` as text, newline
+    /// (and a `\r` before it) excluded.
+    pub fn new(max_line_bytes: usize) -> Self {
+        LossyLinesCodec {
+            max_line_bytes,
+            skipped: None,
+            searched: 0,
+        }
+    }
+
+    /// The longest line yielded as text, newline excluded.
+    pub fn max_line_bytes(&self) -> usize {
+        self.max_line_bytes
+    }
+
+    /// The longest run of bytes before a newline worth keeping: the bound
+    /// and room for a `\r`.
+    fn window(&self) -> usize {
+        self.max_line_bytes.saturating_add(1)
+    }
+
+    /// Takes the first `end` bytes of `buf` as a line, and `skip` bytes
+    /// after them (its newline) with it.
+    fn line(&mut self, buf: &mut BytesMut, end: usize, skip: usize) -> LossyLine {
+        self.searched = 0;
+        let mut line = buf.split_to(end).to_vec();
+        let _ = buf.split_to(skip);
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        if line.len() > self.max_line_bytes {
+            return LossyLine::TooLong(line.len());
+        }
+        LossyLine::Text(line)
+    }
+}
+
+impl Decoder for LossyLinesCodec {
+    type Item = LossyLine;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<LossyLine>, std::io::Error> {
+        if self.skipped.is_none() {
+            // Search no further than a line may reach: one byte past the
+            // window means the line is too long whatever follows.
+            let reach = buf.len().min(self.window().saturating_add(1));
+            let from = self.searched.min(reach);
+            if let Some(offset) = buf[from..reach].iter().position(|b| *b == b'\n') {
+                return Ok(Some(self.line(buf, from + offset, 1)));
+            }
+            if buf.len() <= self.window() {
+                self.searched = reach;
+                return Ok(None);
+            }
+            // Over the window without a newline: skip the line.
+            self.searched = 0;
+            self.skipped = Some(0);
+        }
+        let skipped = self.skipped.unwrap_or(0);
+        match buf.iter().position(|b| *b == b'\n') {
+            Some(newline) => {
+                let _ = buf.split_to(newline + 1);
+                self.skipped = None;
+                Ok(Some(LossyLine::TooLong(skipped.saturating_add(newline))))
+            }
+            None => {
+                self.skipped = Some(skipped.saturating_add(buf.len()));
+                buf.clear();
+                Ok(None)
+            }
+        }
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<LossyLine>, std::io::Error> {
+        if let Some(line) = self.decode(buf)? {
+            return Ok(Some(line));
+        }
+        if let Some(skipped) = self.skipped.take() {
+            return Ok(Some(LossyLine::TooLong(skipped)));
+        }
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        let end = buf.len();
+        Ok(Some(self.line(buf, end, 0)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,5 +513,70 @@ mod tests {
             pieces,
             ["shor", "t", "abcd", "efgh", "ij", "end"].map(str::to_owned)
         );
+    }
+
+    /// Feeds `input` to a fresh codec `chunk` bytes at a time, then ends
+    /// the stream: every line it yields.
+    fn lossy_lines(max_line_bytes: usize, input: &[u8], chunk: usize) -> Vec<LossyLine> {
+        let mut codec = LossyLinesCodec::new(max_line_bytes);
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for piece in input.chunks(chunk.max(1)) {
+            buf.extend_from_slice(piece);
+            while let Some(line) = codec.decode(&mut buf).unwrap() {
+                out.push(line);
+            }
+        }
+        while let Some(line) = codec.decode_eof(&mut buf).unwrap() {
+            out.push(line);
+        }
+        out
+    }
+
+    #[test]
+    fn lossy_lines_skip_a_long_line_and_read_on_whatever_the_chunking() {
+        let input = b"abcd\r\nabcde\nabcdefghij\r\n\nlast";
+        for chunk in 1..=input.len() {
+            assert_eq!(
+                lossy_lines(4, input, chunk),
+                vec![
+                    LossyLine::Text(b"abcd".to_vec()),
+                    LossyLine::TooLong(5),
+                    LossyLine::TooLong(11),
+                    LossyLine::Text(Vec::new()),
+                    LossyLine::Text(b"last".to_vec()),
+                ],
+                "chunks of {chunk}"
+            );
+        }
+    }
+
+    #[test]
+    fn lossy_lines_report_a_long_unterminated_last_line_by_its_length() {
+        for chunk in [1, 3, 100] {
+            assert_eq!(
+                lossy_lines(4, b"ok\n0123456789", chunk),
+                vec![LossyLine::Text(b"ok".to_vec()), LossyLine::TooLong(10)]
+            );
+            assert_eq!(lossy_lines(4, b"01234", chunk), vec![LossyLine::TooLong(5)]);
+            assert_eq!(lossy_lines(4, b"", chunk), Vec::<LossyLine>::new());
+        }
+    }
+
+    #[tokio::test]
+    async fn lossy_lines_keep_a_partly_received_line_across_reads() {
+        let (mut write, read) = tokio::io::duplex(64);
+        let mut framed = FramedRead::new(read, LossyLinesCodec::new(16));
+        write.write_all(b"{\"id\":").await.unwrap();
+        let pending =
+            tokio::time::timeout(std::time::Duration::from_millis(20), framed.next()).await;
+        assert!(pending.is_err(), "no whole line yet");
+        write.write_all(b"1}\n").await.unwrap();
+        drop(write);
+        assert_eq!(
+            framed.next().await.unwrap().unwrap(),
+            LossyLine::Text(b"{\"id\":1}".to_vec())
+        );
+        assert!(framed.next().await.is_none());
     }
 }

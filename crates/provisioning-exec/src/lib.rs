@@ -44,23 +44,26 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use provisioning::effect::SessionHandle;
 use provisioning::spawn::BoxFuture;
 use provisioning::{Endpoint, EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
+use provisioning_agent::codec::{LossyLine, LossyLinesCodec};
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
     PluginError, ProvisionPlugin,
 };
 use serde_json::{Value, json};
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_util::codec::FramedRead;
 
 use crate::wire::{
-    CreateResult, DecodeError, Disposition, HANDSHAKE_ID, Hello, Line, LineSplitter, ListResult,
-    LookupResult, Message, PROTOCOL, PROTOCOL_VERSION, StartResult, WireError,
+    CreateResult, DecodeError, Disposition, HANDSHAKE_ID, Hello, ListResult, LookupResult, Message,
+    PROTOCOL, PROTOCOL_VERSION, StartResult, WireError,
 };
 
 /// The default provider kind an [`ExecPlugin`] serves.
@@ -666,52 +669,33 @@ async fn write_lines(
     }
 }
 
-async fn log_stderr(mut stderr: impl AsyncRead + Unpin, name: String) {
-    let mut splitter = LineSplitter::new();
-    let mut chunk = vec![0u8; 4096];
-    let mut lines = Vec::new();
-    loop {
-        match stderr.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => splitter.feed(&chunk[..n], &mut lines),
-        }
-        for line in lines.drain(..) {
-            log_stderr_line(&name, line);
-        }
-    }
-    if let Some(last) = splitter.finish() {
-        log_stderr_line(&name, last);
+async fn log_stderr(stderr: impl AsyncRead + Unpin, name: String) {
+    let mut lines = FramedRead::new(stderr, LossyLinesCodec::new(wire::MAX_LINE_BYTES));
+    while let Some(Ok(line)) = lines.next().await {
+        log_stderr_line(&name, line);
     }
 }
 
-fn log_stderr_line(name: &str, line: Line) {
+fn log_stderr_line(name: &str, line: LossyLine) {
     match line {
-        Line::Text(text) => {
+        LossyLine::Text(text) => {
             tracing::info!(program = %name, "stderr: {}", String::from_utf8_lossy(&text));
         }
-        Line::TooLong(length) => {
+        LossyLine::TooLong(length) => {
             tracing::info!(program = %name, "stderr: (a line of {length} bytes, not shown)");
         }
     }
 }
 
-async fn read_lines(mut stdout: impl AsyncRead + Unpin, shared: Arc<Shared>, owner: Weak<Inner>) {
-    let mut splitter = LineSplitter::new();
-    let mut chunk = vec![0u8; 16 * 1024];
-    let mut lines = Vec::new();
+async fn read_lines(stdout: impl AsyncRead + Unpin, shared: Arc<Shared>, owner: Weak<Inner>) {
+    let mut lines = FramedRead::new(stdout, LossyLinesCodec::new(wire::MAX_LINE_BYTES));
     let why = loop {
-        match stdout.read(&mut chunk).await {
-            Ok(0) => break "it closed its stdout".to_owned(),
-            Ok(n) => splitter.feed(&chunk[..n], &mut lines),
-            Err(error) => break format!("reading its stdout failed: {error}"),
-        }
-        for line in lines.drain(..) {
-            handle_line(&shared, line);
+        match lines.next().await {
+            None => break "it closed its stdout".to_owned(),
+            Some(Ok(line)) => handle_line(&shared, line),
+            Some(Err(error)) => break format!("reading its stdout failed: {error}"),
         }
     };
-    if let Some(last) = splitter.finish() {
-        handle_line(&shared, last);
-    }
     let owned = owner
         .upgrade()
         .is_some_and(|inner| !inner.closed.load(Ordering::SeqCst));
@@ -735,11 +719,11 @@ async fn read_lines(mut stdout: impl AsyncRead + Unpin, shared: Arc<Shared>, own
     }
 }
 
-fn handle_line(shared: &Shared, line: Line) {
+fn handle_line(shared: &Shared, line: LossyLine) {
     match line {
-        Line::Text(text) if text.iter().all(u8::is_ascii_whitespace) => {}
-        Line::Text(text) => shared.handle(&text),
-        Line::TooLong(length) => tracing::error!(
+        LossyLine::Text(text) if text.iter().all(u8::is_ascii_whitespace) => {}
+        LossyLine::Text(text) => shared.handle(&text),
+        LossyLine::TooLong(length) => tracing::error!(
             program = %shared.name,
             "malformed output ignored: a line of {length} bytes exceeds {} bytes",
             wire::MAX_LINE_BYTES
