@@ -15,7 +15,7 @@ struct Journal(Option<DurableState>);
 
 impl Journal {
     fn commit(&mut self, d: &mut ClusterDriver, now: Timestamp) -> DriverChanges {
-        let changes = d.take_changes(now);
+        let changes = d.take_changes(now).to_owned_changes();
         match &mut self.0 {
             Some(state) => state.apply(&changes),
             None => {
@@ -186,7 +186,7 @@ fn recovery_makes_pending_operations_ambiguous_and_the_ladder_reissues_them() {
         "the same attempt: the provider adopts"
     );
     assert!(reissue[0].id.sequence() > create.id.sequence());
-    let changes = r.take_changes(at(600_000));
+    let changes = r.take_changes(at(600_000)).to_owned_changes();
     assert_eq!(
         changes.upserts.len(),
         1,
