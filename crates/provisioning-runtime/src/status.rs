@@ -17,8 +17,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use provisioning::{
-    ClusterDriver, DriverChangesView, Generation, GroupId, Intent, LogicalNodeId, ManagedNode,
-    Timestamp,
+    ClusterDriver, Generation, GroupId, Intent, LogicalNodeId, ManagedNode, Timestamp,
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -447,22 +446,6 @@ impl Counts {
 }
 
 impl Progress {
-    /// Notes the nodes `changes` names (inserted, changed or removed).
-    pub(crate) fn note_changes(&mut self, changes: &DriverChangesView<'_>) {
-        if self.generation.is_none() {
-            // A whole build comes next anyway.
-            return;
-        }
-        for entry in &changes.upserts {
-            if !self.changed.contains(entry.node.node) {
-                self.changed.insert(entry.node.node.clone());
-            }
-        }
-        for id in &changes.removed {
-            self.changed.insert(id.clone());
-        }
-    }
-
     /// Notes the nodes in `changed` (inserted, changed or removed).
     pub(crate) fn note_nodes(&mut self, mut changed: BTreeSet<LogicalNodeId>) {
         if self.generation.is_none() {
