@@ -449,7 +449,7 @@ async fn down(
                 Ok(socket) => format!("no `provision up` answers on {}", socket.display()),
                 Err(message) => message,
             };
-            return up::down_from_state(state, run, timeout, &no_up).await;
+            return up::down_from_state(state, location, run, timeout, &no_up).await;
         }
     };
     print(&format!("asking {} to tear down...\n", socket.display()));

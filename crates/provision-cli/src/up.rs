@@ -131,32 +131,35 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
     }
     let handle = host.handle();
 
-    match handle
+    let applied = match handle
         .apply_revision(source.run_id.clone(), source.groups.clone())
         .await
     {
-        Ok(revision) => console.line(format!(
-            "{}: run {}, {} node(s) in {} group(s), generation {}; control socket {}",
-            file.display(),
-            source.run_id,
-            source.node_count(),
-            source.groups.len(),
-            revision.generation(),
-            socket.display()
-        )),
+        Ok(revision) => {
+            console.line(format!(
+                "{}: run {}, {} node(s) in {} group(s), generation {}; control socket {}",
+                file.display(),
+                source.run_id,
+                source.node_count(),
+                source.groups.len(),
+                revision.generation(),
+                socket.display()
+            ));
+            revision.generation().get()
+        }
         Err(error) => {
             eprintln!("error: {}: {error}", file.display());
             handle.shutdown().await;
             host.join().await;
             return Ok(ExitCode::from(EXIT_INVALID_INPUT));
         }
-    }
+    };
 
     let server = tokio::spawn(control::serve(listener, handle.clone(), providers::kinds()));
     let display = {
         let console = console.clone();
         let progress = handle.subscribe();
-        tokio::spawn(async move { console.follow(progress).await })
+        tokio::spawn(async move { console.follow(progress, applied).await })
     };
     let watcher = tokio::spawn(watch_file(
         options.file.clone(),
@@ -237,6 +240,7 @@ async fn start_host(
 /// crash). `no_up` says why no running `up` was asked.
 pub(crate) async fn down_from_state(
     state: &StateLocation,
+    location: &SocketLocation,
     run: Option<String>,
     timeout: Duration,
     no_up: &str,
@@ -304,6 +308,8 @@ pub(crate) async fn down_from_state(
     let host = start_host(&run_id, secret, &source, limits, durability, timeout, false).await?;
     let report = host.handle().shutdown().await;
     host.join().await;
+    // The crashed `up` left its socket behind; nobody answers on it.
+    location.remove_stale(&run);
     Ok(match report.outcome {
         ShutdownOutcome::Clean => {
             crate::print("torn down: no node is left; the state is marked clean\n");
