@@ -511,6 +511,9 @@ async fn resume(
 fn validate(file: &Path) -> ExitCode {
     match shape_file::load(file, &providers::kinds()) {
         Ok(source) => {
+            for warning in source.warnings() {
+                eprintln!("warning: {}: {warning}", file.display());
+            }
             print(&format!(
                 "{}: valid: run {}, {} group(s), {} node(s)\n",
                 file.display(),

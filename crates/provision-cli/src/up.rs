@@ -106,6 +106,9 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
     let _socket_file = SocketFile(socket.clone());
     let console = Arc::new(Console::new(options.live));
     console.set_group_order(source.groups.iter().map(|g| g.id.as_str().to_owned()));
+    for warning in source.warnings() {
+        console.line(format!("warning: {}: {warning}", file.display()));
+    }
     if let Some(resumed) = durability.resume_summary() {
         console.line(format!(
             "resuming run {} from {}: generation {}, {} node(s) journaled; adopting what still runs",
@@ -406,6 +409,9 @@ async fn apply_edit(path: &Path, text: &str, handle: &HostHandle, console: &Cons
             return true;
         }
     };
+    for warning in source.warnings() {
+        console.line(format!("warning: {}: {warning}", path.display()));
+    }
     let limits = source.limits.clone();
     let group_ids: Vec<String> = source
         .groups
