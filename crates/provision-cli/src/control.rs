@@ -82,18 +82,35 @@ impl SocketLocation {
             return Ok(socket.clone());
         }
         let mut found = Vec::new();
+        let mut stale = Vec::new();
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for entry in entries.flatten().take(MAX_SOCKETS_SCANNED) {
                 let path = entry.path();
-                if path.extension().is_some_and(|e| e == "sock") {
+                if path.extension().is_none_or(|e| e != "sock") {
+                    continue;
+                }
+                // A socket nobody answers on was left by an `up` that did
+                // not stop cleanly (`kill -9`): not a running run.
+                if std::os::unix::net::UnixStream::connect(&path).is_ok() {
                     found.push(path);
+                } else {
+                    tracing::info!(
+                        "skipping {}: nobody answers on it (left by an `up` that did not stop cleanly)",
+                        path.display()
+                    );
+                    stale.push(path);
                 }
             }
         }
         found.sort();
         match found.len() {
-            0 => Err(format!(
+            0 if stale.is_empty() => Err(format!(
                 "no running `provision up` found (no socket in {})",
+                self.dir.display()
+            )),
+            0 => Err(format!(
+                "no running `provision up` found (nobody answers on {} socket(s) in {}, left by an `up` that did not stop cleanly)",
+                stale.len(),
                 self.dir.display()
             )),
             1 => Ok(found.remove(0)),
@@ -106,6 +123,21 @@ impl SocketLocation {
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
+        }
+    }
+
+    /// Removes the socket of `run` if nobody answers on it (what a crashed
+    /// `up` left behind), so that discovery does not trip over it.
+    pub(crate) fn remove_stale(&self, run: &str) {
+        let socket = self.for_run(run);
+        if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            match std::fs::remove_file(&socket) {
+                Ok(()) => tracing::info!("removed the stale socket {}", socket.display()),
+                Err(error) => tracing::warn!(
+                    "cannot remove the stale socket {}: {error}",
+                    socket.display()
+                ),
+            }
         }
     }
 }
@@ -386,17 +418,37 @@ mod tests {
         let none = at.find(None).unwrap_err();
         assert!(none.contains("no running `provision up`"), "{none}");
 
-        std::fs::write(dir.path().join("alpha.sock"), "").unwrap();
+        let _alpha = std::os::unix::net::UnixListener::bind(dir.path().join("alpha.sock")).unwrap();
         std::fs::write(dir.path().join("notes.txt"), "").unwrap();
         assert_eq!(at.find(None).unwrap(), dir.path().join("alpha.sock"));
 
-        std::fs::write(dir.path().join("beta.sock"), "").unwrap();
+        let _beta = std::os::unix::net::UnixListener::bind(dir.path().join("beta.sock")).unwrap();
         let several = at.find(None).unwrap_err();
         assert!(
             several.contains("alpha, beta") && several.contains("--run"),
             "{several}"
         );
         assert_eq!(at.find(Some("beta")).unwrap(), dir.path().join("beta.sock"));
+    }
+
+    #[test]
+    fn discovery_skips_a_socket_nobody_answers_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = location(dir.path());
+        // What a `kill -9`ed `up` leaves: the file, and nobody listening.
+        drop(std::os::unix::net::UnixListener::bind(dir.path().join("dead.sock")).unwrap());
+        let only_dead = at.find(None).unwrap_err();
+        assert!(
+            only_dead.contains("no running `provision up`")
+                && only_dead.contains("did not stop cleanly"),
+            "{only_dead}"
+        );
+        let _live = std::os::unix::net::UnixListener::bind(dir.path().join("live.sock")).unwrap();
+        assert_eq!(at.find(None).unwrap(), dir.path().join("live.sock"));
+        at.remove_stale("dead");
+        assert!(!dir.path().join("dead.sock").exists());
+        at.remove_stale("live");
+        assert!(dir.path().join("live.sock").exists(), "a live socket stays");
     }
 
     #[test]

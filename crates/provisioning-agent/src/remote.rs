@@ -40,6 +40,13 @@ use crate::wire::SwarmHello;
 /// its node counts as lost.
 pub const DEFAULT_REJOIN_GRACE: Duration = Duration::from_secs(3);
 
+/// How long after the listener starts a join of a key nobody expects yet is
+/// refused quietly (logged at debug level): agents of a crashed controller
+/// re-dial a restarted one for their re-join window, and are refused until
+/// the provider's listing has taken their nodes back
+/// ([`RemoteSwarm::expect_adopted`]) — expected, not a warning.
+pub const RECOVERY_JOIN_QUIET_MAX: Duration = crate::agent::remote::DEFAULT_REJOIN_WINDOW;
+
 /// How a [`RemoteSwarm`] is set up.
 #[derive(Clone, Debug)]
 pub struct RemoteSwarmConfig {
@@ -95,6 +102,8 @@ struct Expectation {
 type Callback = Arc<dyn Fn(RemoteEvent) + Send + Sync>;
 
 struct Inner {
+    /// When the listener started (see [`RECOVERY_JOIN_QUIET_MAX`]).
+    started: std::time::Instant,
     secret: RunSecret,
     grace: Duration,
     table: Mutex<BTreeMap<AttemptKey, Expectation>>,
@@ -163,6 +172,7 @@ impl RemoteSwarm {
             None => local,
         };
         let inner = Arc::new(Inner {
+            started: std::time::Instant::now(),
             secret: config.secret.clone(),
             grace: config.rejoin_grace,
             table: Mutex::new(BTreeMap::new()),
@@ -338,6 +348,13 @@ impl SwarmGate for Gate {
         })
     }
 
+    /// A key nobody expects, shortly after the listener started, is most
+    /// likely the agent of a node the controller is still recovering.
+    fn refusal_expected(&self, key: &AttemptKey) -> bool {
+        let inner = &self.0;
+        inner.started.elapsed() < RECOVERY_JOIN_QUIET_MAX && !inner.table().contains_key(key)
+    }
+
     fn welcomed(&self, member: &Member) {
         self.0.bump();
         let event = if member.rejoin {
@@ -384,7 +401,7 @@ impl SwarmGate for Gate {
             return;
         }
         match cause {
-            Some(cause @ LossCause::WorkloadExited) => lose(inner, &key, generation, cause),
+            Some(cause) if cause.is_workload_exit() => lose(inner, &key, generation, cause),
             _ => {
                 tokio::spawn(grace_timer(inner.clone(), key, generation, Duration::ZERO));
             }
@@ -406,7 +423,11 @@ fn lose(inner: &Inner, key: &AttemptKey, generation: u64, cause: LossCause) {
     };
     if lost && !inner.closing() {
         inner.bump();
-        tracing::info!(node = %key, %cause, "remote node lost");
+        tracing::warn!(
+            "node {} (attempt {}) lost: {cause}",
+            key.node,
+            key.attempt.get()
+        );
         (inner.on_event)(RemoteEvent::Lost(key.clone(), cause));
     }
 }

@@ -30,7 +30,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
-use crate::codec::{MessageReader, write_message};
+use crate::codec::{CodecError, MessageReader, write_message};
 use crate::credential::{NodeCredential, RunSecret};
 use crate::wire::{PROTOCOL_VERSION, SwarmHello, SwarmNotice, SwarmReply};
 
@@ -51,6 +51,12 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 const KEEPALIVE_PROBES: u32 = 3;
 
+/// How long a member's connection is silent before its unanswered probes
+/// end it.
+const KEEPALIVE_SILENCE: Duration = Duration::from_secs(
+    KEEPALIVE_IDLE.as_secs() + KEEPALIVE_INTERVAL.as_secs() * KEEPALIVE_PROBES as u64,
+);
+
 /// What a provider decides about the agents that join its swarm. The
 /// listener calls it from its connection tasks, never under a lock of its
 /// own.
@@ -65,6 +71,14 @@ pub trait SwarmGate: Send + Sync + 'static {
     /// The reason the agent may not join now.
     fn admit(&self, key: &AttemptKey, hello: &SwarmHello) -> Result<Self::Member, String>;
 
+    /// Whether the refusal [`admit`](SwarmGate::admit) just gave `key` is
+    /// expected, so that it is logged at debug level instead of as a
+    /// warning: for example the re-join of an agent whose node a restarted
+    /// controller has not taken back yet. No by default.
+    fn refusal_expected(&self, _key: &AttemptKey) -> bool {
+        false
+    }
+
     /// The agent of `member` was sent its welcome (or was gone before it).
     fn welcomed(&self, member: &Self::Member);
 
@@ -75,7 +89,9 @@ pub trait SwarmGate: Send + Sync + 'static {
 
     /// The membership ended: `Some(cause)` when the agent's side ended it
     /// (its workload exited, its connection ended or misbehaved), `None`
-    /// when the gate withdrew it.
+    /// when the gate withdrew it. The listener logs a workload's end at
+    /// debug level only: the gate knows whether it was a loss or a stop it
+    /// ordered, and logs the loss.
     fn ended(&self, member: Self::Member, cause: Option<LossCause>);
 }
 
@@ -187,18 +203,24 @@ async fn serve<G: SwarmGate>(
             return;
         }
         Ok(Err(error)) => {
-            return reject(&mut write, peer, None, format!("malformed hello: {error}")).await;
+            let reason = format!("malformed hello: {error}");
+            return reject(&mut write, peer, None, reason, false).await;
         }
         Err(_) => {
             let reason = format!("no hello within {HELLO_WAIT_MAX:?}");
-            return reject(&mut write, peer, None, reason).await;
+            return reject(&mut write, peer, None, reason, false).await;
         }
     };
-    let admitted = check_hello(settings, &hello)
-        .and_then(|key| gate.admit(&key, &hello).map(|member| (key, member)));
-    let (key, member) = match admitted {
-        Ok(admitted) => admitted,
-        Err(reason) => return reject(&mut write, peer, Some(&hello), reason).await,
+    let key = match check_hello(settings, &hello) {
+        Ok(key) => key,
+        Err(reason) => return reject(&mut write, peer, Some(&hello), reason, false).await,
+    };
+    let member = match gate.admit(&key, &hello) {
+        Ok(member) => member,
+        Err(reason) => {
+            let expected = gate.refusal_expected(&key);
+            return reject(&mut write, peer, Some(&hello), reason, expected).await;
+        }
     };
     if let Err(error) = write_message(&mut write, &SwarmReply::Welcome).await {
         tracing::debug!(node = %key, %error, "agent gone before its welcome");
@@ -212,14 +234,32 @@ async fn serve<G: SwarmGate>(
         () = gate.withdrawn(&member) => None,
         message = notices.next() => Some(match message {
             Ok(Some(SwarmNotice::WorkloadExited { code, signal })) => {
-                // The node no longer does its work: lost, and replaced. A
-                // workload that exits at once every time (a typo in its
-                // start command) trips the group's breaker this way.
-                tracing::warn!(node = %key, ?code, ?signal, "workload exited; the node is lost");
-                LossCause::WorkloadExited
+                // The node no longer does its work. Whether that is a loss
+                // is the gate's to say (a stop the controller ordered ends
+                // the workload too), so it logs what it decides.
+                let cause = LossCause::workload(code, signal);
+                tracing::debug!(node = %key, %cause, "the agent says its workload ended");
+                cause
             }
             Ok(None) => {
                 tracing::debug!(node = %key, "swarm connection closed");
+                LossCause::AgentGone
+            }
+            Err(CodecError::Io(error)) if error.kind() == std::io::ErrorKind::TimedOut => {
+                tracing::warn!(
+                    "no message from {}'s agent (attempt {}) for {} s; connection timed out",
+                    key.node,
+                    key.attempt.get(),
+                    KEEPALIVE_SILENCE.as_secs(),
+                );
+                LossCause::AgentGone
+            }
+            Err(CodecError::Io(error)) => {
+                tracing::warn!(
+                    "lost the connection to {}'s agent (attempt {}): {error}",
+                    key.node,
+                    key.attempt.get(),
+                );
                 LossCause::AgentGone
             }
             Err(error) => {
@@ -231,20 +271,23 @@ async fn serve<G: SwarmGate>(
     gate.ended(member, cause);
 }
 
+/// Refuses a join: logs why (as a warning, or at debug level when the
+/// gate expected it) and tells the peer.
 async fn reject(
     write: &mut OwnedWriteHalf,
     peer: SocketAddr,
     hello: Option<&SwarmHello>,
     reason: String,
+    expected: bool,
 ) {
-    tracing::warn!(
-        %peer,
-        run = hello.map(|h| h.run.as_str()),
-        node = hello.map(|h| h.node.as_str()),
-        attempt = hello.map(|h| h.attempt),
-        %reason,
-        "swarm join rejected"
-    );
+    let run = hello.map(|h| h.run.as_str());
+    let node = hello.map(|h| h.node.as_str());
+    let attempt = hello.map(|h| h.attempt);
+    if expected {
+        tracing::debug!(%peer, run, node, attempt, %reason, "swarm join refused for now");
+    } else {
+        tracing::warn!(%peer, run, node, attempt, %reason, "swarm join rejected");
+    }
     let reply = SwarmReply::Rejected { reason };
     if let Err(error) = write_message(write, &reply).await {
         tracing::debug!(%peer, %error, "cannot tell the peer it was rejected");

@@ -143,6 +143,17 @@ pub enum ProgressStage {
     WaitingForJoin,
 }
 
+impl ProgressStage {
+    /// The stage in words, for logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ProgressStage::BootChecking => "running the verify commands",
+            ProgressStage::AgentStarting => "starting the workload",
+            ProgressStage::WaitingForJoin => "waiting for the go-ahead to join",
+        }
+    }
+}
+
 /// The stage at which a boot failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -153,6 +164,17 @@ pub enum FailureStage {
     Start,
     /// Joining the swarm failed.
     Join,
+}
+
+impl FailureStage {
+    /// The stage in words, for logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FailureStage::BootCheck => "a verify command",
+            FailureStage::Start => "the workload start",
+            FailureStage::Join => "the join",
+        }
+    }
 }
 
 /// Agent → controller, on a control connection.

@@ -126,13 +126,17 @@ impl ExecConfig {
         }
     }
 
-    /// A program from a command line split at whitespace
-    /// (`"python3 provider.py --flag"`); no quoting.
+    /// A program from a command line split into words as a POSIX shell
+    /// splits them (`"python3 provider.py --flag"`, `"'/opt/my tools/p' -v"`):
+    /// quotes and backslashes group and escape, nothing is expanded.
     ///
     /// # Errors
-    /// [`ExecError::EmptyCommand`] when the line holds no word.
+    /// [`ExecError::EmptyCommand`] when the line holds no word;
+    /// [`ExecError::BadQuoting`] when a quote is not closed (or the line
+    /// ends in a lone backslash).
     pub fn from_command_line(line: &str) -> Result<Self, ExecError> {
-        let mut words = line.split_whitespace();
+        let words = shlex::split(line).ok_or_else(|| ExecError::BadQuoting(line.to_owned()))?;
+        let mut words = words.into_iter();
         let command = words.next().ok_or(ExecError::EmptyCommand)?;
         Ok(ExecConfig::new(command, words))
     }
@@ -173,6 +177,9 @@ pub enum ExecError {
     /// The command line was empty.
     #[error("the provider command is empty")]
     EmptyCommand,
+    /// The command line has a quote that is not closed.
+    #[error("the provider command {0:?} has an unclosed quote or a trailing backslash")]
+    BadQuoting(String),
     /// The program could not be spawned.
     #[error("could not start provider program {command:?}: {source}")]
     Spawn {
@@ -1038,5 +1045,27 @@ impl ProvisionPlugin for ExecPlugin {
 
     async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
         self.list_nodes_armed(run, Arm::NONE).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ExecConfig, ExecError};
+
+    #[test]
+    fn a_command_line_with_a_quoted_path_keeps_its_space() {
+        let config =
+            ExecConfig::from_command_line("python3 '/tmp/my providers/dirs.py' --root \"/a b\"")
+                .unwrap();
+        assert_eq!(config.command, "python3");
+        assert_eq!(config.args, ["/tmp/my providers/dirs.py", "--root", "/a b"]);
+        assert!(matches!(
+            ExecConfig::from_command_line("python3 'open"),
+            Err(ExecError::BadQuoting(_))
+        ));
+        assert!(matches!(
+            ExecConfig::from_command_line("   "),
+            Err(ExecError::EmptyCommand)
+        ));
     }
 }

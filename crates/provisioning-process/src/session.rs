@@ -176,7 +176,13 @@ impl Session {
     /// The order was certainly not taken: forget the session, so that a retry
     /// starts afresh, and settle the handshake.
     fn refuse(&self, handshake: &watch::Sender<Handshake>, outcome: Handshake) {
-        tracing::warn!(node = %self.key, ?outcome, "bootstrap not started");
+        let why = match &outcome {
+            Handshake::Refused(reason)
+            | Handshake::ConnectFailed(reason)
+            | Handshake::Broken(reason) => reason.as_str(),
+            Handshake::Pending | Handshake::Accepted | Handshake::Resumed => "no answer",
+        };
+        tracing::warn!("bootstrap of {} not started: {why}", self.key);
         self.shared.forget_session(&self.key, self.serial);
         let _ = handshake.send(outcome);
     }

@@ -199,7 +199,8 @@ impl Shared {
         if self.is_closing() {
             return;
         }
-        tracing::info!(node = %key, %cause, "node lost");
+        // Whoever saw the loss logged it in words already.
+        tracing::debug!(node = %key, %cause, "reporting the node lost");
         if let Some(sink) = self.sink() {
             sink.lost(key, cause);
         }

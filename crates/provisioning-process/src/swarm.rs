@@ -54,13 +54,25 @@ impl SwarmGate for Gate {
         let _ = shutdown.wait_for(|closing| *closing).await;
     }
 
+    /// A membership that ends while its node is meant to run is the loss
+    /// of the node, logged as a warning. One that ends while the node is
+    /// being destroyed (or the plugin shuts down) is the stop the
+    /// controller ordered: its workload's end is expected, and logged at
+    /// debug level only.
     fn ended(&self, key: AttemptKey, cause: Option<LossCause>) {
         let shared = &self.0;
-        if let Some(cause) = cause
-            && shared.is_running(&key)
-            && !shared.is_closing()
-        {
+        let Some(cause) = cause else {
+            return;
+        };
+        if shared.is_running(&key) && !shared.is_closing() {
+            tracing::warn!(
+                "node {} (attempt {}) lost: {cause}",
+                key.node,
+                key.attempt.get()
+            );
             shared.report_lost(&key, cause);
+        } else {
+            tracing::debug!(node = %key, %cause, "node stopped as ordered");
         }
     }
 }

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use provisioning::observe::LossCause;
+use provisioning::observe::{LossCause, WorkloadEnd};
 use provisioning::{LogicalNodeId, NodeAttemptId, RunId};
 use provisioning_agent::RunSecret;
 use provisioning_agent::remote::{RemoteEvent, RemoteSwarm, RemoteSwarmConfig};
@@ -184,7 +184,10 @@ async fn workload_exit_is_a_loss_and_stops_the_agent() {
     let mut agent = start(&order, &dir.path().join("status"), 30_000);
     wait_for(
         &events,
-        &RemoteEvent::Lost(key.clone(), LossCause::WorkloadExited),
+        &RemoteEvent::Lost(
+            key.clone(),
+            LossCause::WorkloadEnded(WorkloadEnd::Status(0)),
+        ),
     )
     .await;
     let exit = tokio::task::spawn_blocking(move || {

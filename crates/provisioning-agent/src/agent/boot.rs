@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
 use super::{Agent, Phase, env};
@@ -54,6 +54,13 @@ const REQUEST_QUEUE_MAX: usize = 8;
 /// How many unexpected requests are ignored before the connection counts as
 /// broken.
 const UNEXPECTED_REQUESTS_MAX: usize = 16;
+
+/// How long the agent watches a freshly started workload before it says it
+/// is ready to join. A workload that exits within it (a typo in its start
+/// command, `exit 3`) fails the boot at its start, with its exit status,
+/// instead of joining and being reported lost a moment later: a node whose
+/// workload never ran is never shown ready.
+const WORKLOAD_START_CHECK: Duration = Duration::from_millis(100);
 
 /// How many workload notices may wait for the swarm connection.
 const NOTICE_QUEUE_MAX: usize = 8;
@@ -282,7 +289,7 @@ impl Boot {
     }
 
     async fn progress(&mut self, stage: ProgressStage) -> Result<(), Cancelled> {
-        tracing::info!(?stage, "boot stage");
+        tracing::info!("boot stage: {}", stage.describe());
         if self.send(ControlReply::Progress { stage }).await {
             Ok(())
         } else {
@@ -296,7 +303,7 @@ impl Boot {
 
     async fn fail(&mut self, stage: FailureStage, detail: String) {
         // The controller logs the failure as a warning (see `refuse`).
-        tracing::info!(?stage, %detail, "boot failed");
+        tracing::info!("boot failed at {}: {detail}", stage.describe());
         self.set_phase(Phase::Failed);
         self.send(ControlReply::Failed { stage, detail }).await;
     }
@@ -353,7 +360,8 @@ impl Boot {
             );
             return;
         }
-        tracing::warn!("the controller abandoned the boot; stopping its commands");
+        // A cancel the controller sent (a teardown, a replacement): expected.
+        tracing::info!("the controller abandoned the boot; stopping its commands");
         self.agent.kill_children();
         self.set_phase(Phase::Abandoned);
     }
@@ -428,21 +436,45 @@ impl Boot {
         }
         self.progress(ProgressStage::AgentStarting).await?;
         let (notices_tx, notices) = mpsc::channel(NOTICE_QUEUE_MAX);
+        let (ended_tx, mut ended) = watch::channel(None::<String>);
         if !self.order.start_command.is_empty() {
             match self.start_workload() {
                 Ok(workload) => {
-                    tokio::spawn(watch_workload(workload, notices_tx));
+                    tokio::spawn(watch_workload(workload, notices_tx, ended_tx));
                 }
                 Err(detail) => {
                     self.fail(FailureStage::Start, detail).await;
                     return Ok(());
                 }
             }
+            let early = self
+                .until_cancelled(async {
+                    let ended =
+                        tokio::time::timeout(WORKLOAD_START_CHECK, ended.wait_for(Option::is_some))
+                            .await;
+                    match ended {
+                        Ok(Ok(how)) => how.clone(),
+                        _ => None,
+                    }
+                })
+                .await?;
+            if let Some(how) = early {
+                let detail = format!("workload {how} right after it started");
+                self.fail(FailureStage::Start, detail).await;
+                return Ok(());
+            }
         }
         *self.agent.notices.lock().await = Some(notices);
         self.set_phase(Phase::Started);
         self.progress(ProgressStage::WaitingForJoin).await?;
         self.wait_for_join().await?;
+        let early = ended.borrow().clone();
+        if let Some(how) = early {
+            // It ended while the controller's go-ahead was on its way.
+            let detail = format!("workload {how} before the node joined");
+            self.fail(FailureStage::Start, detail).await;
+            return Ok(());
+        }
         let join = self.order.join.clone();
         let agent = self.agent.clone();
         let membership = match self.until_cancelled(join_swarm(&agent, &join)).await? {
@@ -585,11 +617,19 @@ async fn collect_tail<R: AsyncRead + Unpin>(mut stream: R, tail: Arc<Mutex<Vec<u
     }
 }
 
-async fn watch_workload(mut workload: Child, notices: mpsc::Sender<SwarmNotice>) {
+async fn watch_workload(
+    mut workload: Child,
+    notices: mpsc::Sender<SwarmNotice>,
+    ended: watch::Sender<Option<String>>,
+) {
     // Bounded by the workload's life; the agent kills it when it stops.
     let notice = match workload.wait().await {
         Ok(status) => {
-            tracing::info!(status = %describe(status), "workload exited");
+            let how =
+                provisioning::observe::WorkloadEnd::from_parts(status.code(), status.signal())
+                    .map_or_else(|| "ended abnormally".to_owned(), |end| end.to_string());
+            tracing::info!("workload {how}");
+            ended.send_replace(Some(how));
             SwarmNotice::WorkloadExited {
                 code: status.code(),
                 signal: status.signal(),

@@ -468,7 +468,10 @@ async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 return Ok(());
             }
             Some(reason) = fatal.recv() => {
-                tracing::warn!(%reason, "stopping the node");
+                // The controller ended the membership (the node was lost or
+                // is being stopped) and logs why itself; a warning here
+                // would only repeat it.
+                tracing::info!("stopping the node: {reason}");
                 agent.stop_node().await;
                 return Ok(());
             }

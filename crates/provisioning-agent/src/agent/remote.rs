@@ -330,8 +330,8 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
         };
         let Some(mut connection) = connection else {
             tracing::warn!(
-                ?window,
-                "no swarm to re-join within the window; stopping the node"
+                "no swarm to re-join within {} s; stopping the node",
+                window.as_secs()
             );
             stop_group(&order.run, grace).await;
             return 0;

@@ -284,7 +284,7 @@ pub(super) fn loss_name(cause: LossCause) -> &'static str {
     match cause {
         LossCause::AgentGone => "agent",
         LossCause::LeaseGone => "lease",
-        LossCause::WorkloadExited => "workload",
+        LossCause::WorkloadExited | LossCause::WorkloadEnded(_) => "workload",
     }
 }
 

@@ -261,7 +261,7 @@ impl Level3World for ProcessWorld {
 
     fn lose(&mut self, core: &Core<Self>, key: &ResourceKey, cause: LossCause) -> bool {
         let killed = match cause {
-            LossCause::AgentGone | LossCause::WorkloadExited => {
+            LossCause::AgentGone | LossCause::WorkloadExited | LossCause::WorkloadEnded(_) => {
                 usize::from(os_faults::kill_agent(&self.world.run, key))
             }
             LossCause::LeaseGone => os_faults::kill_node(&self.world.run, key),

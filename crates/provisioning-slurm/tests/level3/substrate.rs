@@ -511,8 +511,8 @@ impl Level3World for SlurmWorld {
     fn lose(&mut self, _core: &Core<Self>, key: &ResourceKey, cause: LossCause) -> bool {
         let lost = match cause {
             LossCause::LeaseGone => self.lose_lease(key),
-            LossCause::AgentGone | LossCause::WorkloadExited => {
-                let killed = self.kill_node_processes(key, cause == LossCause::WorkloadExited);
+            LossCause::AgentGone | LossCause::WorkloadExited | LossCause::WorkloadEnded(_) => {
+                let killed = self.kill_node_processes(key, cause.is_workload_exit());
                 if killed {
                     self.shared.count(|f| f.agents_killed += 1);
                     self.shared

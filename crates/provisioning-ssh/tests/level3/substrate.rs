@@ -288,7 +288,7 @@ impl Level3World for SshWorld {
                 shared.count(|f| f.agents_killed += killed as u64);
                 killed > 0
             }
-            LossCause::WorkloadExited if joined => {
+            LossCause::WorkloadExited | LossCause::WorkloadEnded(_) if joined => {
                 let workloads = hosts.processes_of_key(run, key, Role::Workload);
                 let killed = workloads
                     .iter()
@@ -297,7 +297,7 @@ impl Level3World for SshWorld {
                 shared.count(|f| f.workloads_killed += killed as u64);
                 killed > 0
             }
-            LossCause::AgentGone | LossCause::WorkloadExited => false,
+            LossCause::AgentGone | LossCause::WorkloadExited | LossCause::WorkloadEnded(_) => false,
             LossCause::LeaseGone => {
                 let Some(host) = hosts.host_of(run, key) else {
                     return false;
