@@ -111,6 +111,15 @@ fn assert_no_process_of_any_run(context: &Level3) {
     }
 }
 
+/// Vacuity counts this battery does not require, and why.
+const NOT_REACHED: [(&str, &str); 1] = [(
+    "adoption after recovery",
+    "timing-dependent here: it needs an operation still pending at a crash to be answered by \
+     adoption, and whether a real agent's start is still in flight at the crash depends on the \
+     machine's load (reached in 2 of 3 runs on a loaded machine, before and after the 100 ms \
+     start check); the count is printed, and the detached e2e tests adopt after a real kill -9",
+)];
+
 fn battery() -> Level3Battery {
     Level3Battery::new(
         "level 3 (ProcessPlugin, real processes)",
@@ -120,6 +129,7 @@ fn battery() -> Level3Battery {
         LEVEL3_SHRINK_BUDGET,
     )
     .journal(temp_sqlite_journal)
+    .waive(&NOT_REACHED)
     .written_traces(&WRITTEN_TRACES)
     .unwrap_or_else(|error| panic!("{error}"))
 }
