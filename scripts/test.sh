@@ -11,4 +11,8 @@ elif command -v sudo >/dev/null 2>&1; then
 else
     sh scripts/test-deps.sh
 fi
+# The end-to-end tests ship the slim agent that is built beside `provision`
+# (target/debug/provision-agent); `cargo test` builds only the binaries of
+# the package under test, so every binary of the workspace is built first.
+cargo build --workspace --bins
 exec cargo test --workspace

@@ -37,8 +37,9 @@ use provisioning::{
     BootParams, EndpointLookup, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeGroup,
     NodeTemplate, Observation, ProviderShape, RetryPolicy, RunId, SwarmJoinTemplate,
 };
+use provisioning_agent::{RunSecret, os};
 use provisioning_process::{
-    AgentCommand, ENDPOINT_PROBE_INTERVAL, ProcessPlugin, ProcessPluginConfig, RunSecret, os,
+    AgentCommand, ENDPOINT_PROBE_INTERVAL, ProcessPlugin, ProcessPluginConfig,
 };
 use provisioning_provider::{AttemptKey, BootstrapRequest, ObservationSink, ProvisionPlugin};
 use provisioning_runtime::{Host, HostConfig, PluginEntry, ShutdownOutcome, StatusSnapshot};

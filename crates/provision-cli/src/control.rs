@@ -5,23 +5,27 @@
 //! `PROVISION_SOCKET_DIR`), else `$XDG_RUNTIME_DIR/provision`, else
 //! `/tmp/provision-<uid>`; `--socket` (or `PROVISION_SOCKET`) names the socket
 //! itself. The protocol is one JSON request line and one JSON response line
-//! per connection.
+//! per connection, each at most [`MAX_MESSAGE_BYTES`], read and written with
+//! the agent's one line codec ([`provisioning_agent::codec`]).
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use provisioning_agent::codec::{
+    CodecError, JsonLinesCodec, MessageReader, write_message_with_max_line_bytes,
+};
 use provisioning_runtime::{HostHandle, PlanReport, ShutdownOutcome, StatusSnapshot};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
 use crate::shape_file;
 
 /// The longest request or response line accepted, in bytes.
-pub(crate) const MAX_MESSAGE_BYTES: u64 = 4 * 1024 * 1024;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// How long a connection may take to send its request.
 pub(crate) const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -78,18 +82,35 @@ impl SocketLocation {
             return Ok(socket.clone());
         }
         let mut found = Vec::new();
+        let mut stale = Vec::new();
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for entry in entries.flatten().take(MAX_SOCKETS_SCANNED) {
                 let path = entry.path();
-                if path.extension().is_some_and(|e| e == "sock") {
+                if path.extension().is_none_or(|e| e != "sock") {
+                    continue;
+                }
+                // A socket nobody answers on was left by an `up` that did
+                // not stop cleanly (`kill -9`): not a running run.
+                if std::os::unix::net::UnixStream::connect(&path).is_ok() {
                     found.push(path);
+                } else {
+                    tracing::info!(
+                        "skipping {}: nobody answers on it (left by an `up` that did not stop cleanly)",
+                        path.display()
+                    );
+                    stale.push(path);
                 }
             }
         }
         found.sort();
         match found.len() {
-            0 => Err(format!(
+            0 if stale.is_empty() => Err(format!(
                 "no running `provision up` found (no socket in {})",
+                self.dir.display()
+            )),
+            0 => Err(format!(
+                "no running `provision up` found (nobody answers on {} socket(s) in {}, left by an `up` that did not stop cleanly)",
+                stale.len(),
                 self.dir.display()
             )),
             1 => Ok(found.remove(0)),
@@ -102,6 +123,21 @@ impl SocketLocation {
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
+        }
+    }
+
+    /// Removes the socket of `run` if nobody answers on it (what a crashed
+    /// `up` left behind), so that discovery does not trip over it.
+    pub(crate) fn remove_stale(&self, run: &str) {
+        let socket = self.for_run(run);
+        if socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            match std::fs::remove_file(&socket) {
+                Ok(()) => tracing::info!("removed the stale socket {}", socket.display()),
+                Err(error) => tracing::warn!(
+                    "cannot remove the stale socket {}: {error}",
+                    socket.display()
+                ),
+            }
         }
     }
 }
@@ -247,20 +283,29 @@ async fn answer(
     providers: &[&'static str],
 ) -> io::Result<()> {
     let (read, mut write) = stream.into_split();
-    let mut line = String::new();
-    let mut reader = BufReader::new(read.take(MAX_MESSAGE_BYTES));
-    tokio::time::timeout(REQUEST_READ_TIMEOUT, reader.read_line(&mut line))
+    let mut reader = MessageReader::<Request, _>::with_codec(
+        read,
+        JsonLinesCodec::with_max_line_bytes(MAX_MESSAGE_BYTES),
+    );
+    let request = tokio::time::timeout(REQUEST_READ_TIMEOUT, reader.next())
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request in time"))??;
-    let response = match serde_json::from_str::<Request>(&line) {
-        Ok(request) => respond(request, handle, providers).await,
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request in time"))?;
+    let response = match request {
+        Ok(Some(request)) => respond(request, handle, providers).await,
+        Ok(None) => Response::Error {
+            message: "malformed request: the connection closed before a request".to_owned(),
+        },
+        Err(CodecError::Io(error)) => return Err(error),
         Err(error) => Response::Error {
-            message: format!("malformed request: {error}"),
+            message: format!("malformed request: {}", content_error(&error)),
         },
     };
-    let mut text = serde_json::to_string(&response).map_err(io::Error::other)?;
-    text.push('\n');
-    write.write_all(text.as_bytes()).await?;
+    write_message_with_max_line_bytes(&mut write, &response, MAX_MESSAGE_BYTES)
+        .await
+        .map_err(|error| match error {
+            CodecError::Io(error) => error,
+            other => io::Error::other(other),
+        })?;
     write.shutdown().await
 }
 
@@ -322,22 +367,35 @@ pub(crate) async fn ask(
             )
         })?;
         let (read, mut write) = stream.into_split();
-        let mut text = serde_json::to_string(request).map_err(|e| e.to_string())?;
-        text.push('\n');
-        write
-            .write_all(text.as_bytes())
+        write_message_with_max_line_bytes(&mut write, request, MAX_MESSAGE_BYTES)
             .await
-            .map_err(|e| format!("cannot send the request: {e}"))?;
-        let mut line = String::new();
-        BufReader::new(read.take(MAX_MESSAGE_BYTES))
-            .read_line(&mut line)
-            .await
-            .map_err(|e| format!("cannot read the answer: {e}"))?;
-        serde_json::from_str::<Response>(&line).map_err(|e| format!("malformed answer: {e}"))
+            .map_err(|error| match error {
+                CodecError::Io(error) => format!("cannot send the request: {error}"),
+                other => other.to_string(),
+            })?;
+        let mut answers = MessageReader::<Response, _>::with_codec(
+            read,
+            JsonLinesCodec::with_max_line_bytes(MAX_MESSAGE_BYTES),
+        );
+        match answers.next().await {
+            Ok(Some(answer)) => Ok(answer),
+            Ok(None) => Err("malformed answer: the connection closed before an answer".to_owned()),
+            Err(CodecError::Io(error)) => Err(format!("cannot read the answer: {error}")),
+            Err(error) => Err(format!("malformed answer: {}", content_error(&error))),
+        }
     };
     tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| format!("no answer from {} within {timeout:?}", socket.display()))?
+}
+
+/// What is wrong with a message that arrived: the JSON error itself for a
+/// line that is not a message, the codec's word otherwise.
+fn content_error(error: &CodecError) -> String {
+    match error {
+        CodecError::Malformed(json) => json.to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// Whether something answers on `socket`.
@@ -360,17 +418,37 @@ mod tests {
         let none = at.find(None).unwrap_err();
         assert!(none.contains("no running `provision up`"), "{none}");
 
-        std::fs::write(dir.path().join("alpha.sock"), "").unwrap();
+        let _alpha = std::os::unix::net::UnixListener::bind(dir.path().join("alpha.sock")).unwrap();
         std::fs::write(dir.path().join("notes.txt"), "").unwrap();
         assert_eq!(at.find(None).unwrap(), dir.path().join("alpha.sock"));
 
-        std::fs::write(dir.path().join("beta.sock"), "").unwrap();
+        let _beta = std::os::unix::net::UnixListener::bind(dir.path().join("beta.sock")).unwrap();
         let several = at.find(None).unwrap_err();
         assert!(
             several.contains("alpha, beta") && several.contains("--run"),
             "{several}"
         );
         assert_eq!(at.find(Some("beta")).unwrap(), dir.path().join("beta.sock"));
+    }
+
+    #[test]
+    fn discovery_skips_a_socket_nobody_answers_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = location(dir.path());
+        // What a `kill -9`ed `up` leaves: the file, and nobody listening.
+        drop(std::os::unix::net::UnixListener::bind(dir.path().join("dead.sock")).unwrap());
+        let only_dead = at.find(None).unwrap_err();
+        assert!(
+            only_dead.contains("no running `provision up`")
+                && only_dead.contains("did not stop cleanly"),
+            "{only_dead}"
+        );
+        let _live = std::os::unix::net::UnixListener::bind(dir.path().join("live.sock")).unwrap();
+        assert_eq!(at.find(None).unwrap(), dir.path().join("live.sock"));
+        at.remove_stale("dead");
+        assert!(!dir.path().join("dead.sock").exists());
+        at.remove_stale("live");
+        assert!(dir.path().join("live.sock").exists(), "a live socket stays");
     }
 
     #[test]

@@ -219,7 +219,8 @@ impl<'a> Locator<'a> {
                 (Some(at), Some(below)) => Some(format!("{at}.{below}")),
             };
             let inner = error.into_inner();
-            self.error(inner.span(), field, cut_quoted(inner.message().trim_end()))
+            let message = in_words(inner.message().trim_end());
+            self.error(inner.span(), field, cut_quoted(&message))
         })
     }
 
@@ -259,6 +260,35 @@ fn field_path(path: &serde_path_to_error::Path) -> Option<String> {
         }
     }
     (!text.is_empty()).then_some(text)
+}
+
+/// serde's message with the Rust type it expected put in words
+/// (`invalid value: integer \`-1\`, expected u32` reads `invalid value:
+/// integer \`-1\`; must be a whole number from 0 to 4294967295`): a file's
+/// author need not know Rust's integer types.
+pub(crate) fn in_words(message: &str) -> String {
+    const TYPES: [(&str, &str); 8] = [
+        ("u8", "a whole number from 0 to 255"),
+        ("u16", "a whole number from 0 to 65535"),
+        ("u32", "a whole number from 0 to 4294967295"),
+        ("u64", "a whole number from 0 to 18446744073709551615"),
+        ("usize", "a whole number from 0 to 18446744073709551615"),
+        ("i32", "a whole number from -2147483648 to 2147483647"),
+        (
+            "i64",
+            "a whole number from -9223372036854775808 to 9223372036854775807",
+        ),
+        ("f64", "a number"),
+    ];
+    for (rust, words) in TYPES {
+        if let Some(head) = message.strip_suffix(&format!(", expected {rust}")) {
+            return format!("{head}; must be {words}");
+        }
+        if message == format!("expected {rust}") {
+            return format!("must be {words}");
+        }
+    }
+    message.to_owned()
 }
 
 /// serde's list of the names it expected, as its unknown-field messages
@@ -320,6 +350,19 @@ mod tests {
         assert_eq!(line_column("ab\ncd", 0), (1, 1));
         assert_eq!(line_column("ab\ncd", 4), (2, 2));
         assert_eq!(line_column("ab", 99), (1, 3));
+    }
+
+    #[test]
+    fn an_integer_out_of_range_is_explained_without_rust_types() {
+        assert_eq!(
+            in_words("invalid value: integer `-1`, expected u32"),
+            "invalid value: integer `-1`; must be a whole number from 0 to 4294967295"
+        );
+        assert_eq!(
+            in_words("invalid type: string \"3\", expected u64"),
+            "invalid type: string \"3\"; must be a whole number from 0 to 18446744073709551615"
+        );
+        assert_eq!(in_words("unknown field `x`"), "unknown field `x`");
     }
 
     #[test]

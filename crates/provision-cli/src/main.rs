@@ -5,6 +5,7 @@
 //! file offline. See the README for a quick start and `shape_file` for the
 //! file format.
 
+mod agent_binary;
 mod conformance;
 mod control;
 mod display;
@@ -448,7 +449,7 @@ async fn down(
                 Ok(socket) => format!("no `provision up` answers on {}", socket.display()),
                 Err(message) => message,
             };
-            return up::down_from_state(state, run, timeout, &no_up).await;
+            return up::down_from_state(state, location, run, timeout, &no_up).await;
         }
     };
     print(&format!("asking {} to tear down...\n", socket.display()));
@@ -510,6 +511,9 @@ async fn resume(
 fn validate(file: &Path) -> ExitCode {
     match shape_file::load(file, &providers::kinds()) {
         Ok(source) => {
+            for warning in source.warnings() {
+                eprintln!("warning: {}: {warning}", file.display());
+            }
             print(&format!(
                 "{}: valid: run {}, {} group(s), {} node(s)\n",
                 file.display(),

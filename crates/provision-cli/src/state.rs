@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
+use provisioning_agent::RunSecret;
+use provisioning_agent::credential::RUN_SECRET_LEN;
 use provisioning_journal::{SqliteJournal, SqliteOptions, state_file_path};
-use provisioning_process::RunSecret;
-use provisioning_process::credential::RUN_SECRET_LEN;
 use provisioning_runtime::Durability;
 
 /// The most state files `down` looks at when no run is named.
@@ -48,12 +48,45 @@ impl StateLocation {
     }
 
     /// Opens (creating if needed) and loads the state of `run`. Holds the
-    /// run's lock from here on: a second controller is refused.
+    /// run's lock from here on: a second controller is refused. The state
+    /// of a run that was torn down cleanly is replaced by a fresh one.
     ///
     /// # Errors
     /// A message naming the file and the problem (locked, corrupt, newer
     /// schema, unwritable directory, unreadable rows); nothing was changed.
     pub(crate) fn open(&self, run: &str) -> Result<Durability, String> {
+        let durability = self.open_as_is(run)?;
+        if durability.resume_summary().is_some() || durability.secret().is_none() {
+            // Left unclean (resumed), or never used: as it is.
+            return Ok(durability);
+        }
+        // A run torn down cleanly starts fresh: generation 1 for the file
+        // as first read, attempt numbers from 1, and a new run secret (so
+        // no agent of the earlier life could join). The old file is removed
+        // while its lock is still held, so no other `up` of the run sees it
+        // half gone; whichever `up` takes the lock next creates the new one.
+        let dir = self.dir()?;
+        let path = state_file_path(dir, run).map_err(|e| e.to_string())?;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = path.clone().into_os_string();
+            name.push(suffix);
+            match std::fs::remove_file(&name) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    return Err(format!(
+                        "cannot start run {run} afresh: cannot remove {}: {error}",
+                        PathBuf::from(name).display()
+                    ));
+                }
+            }
+        }
+        drop(durability);
+        self.open_as_is(run)
+    }
+
+    /// Opens (creating if needed) and loads the state of `run` as it is.
+    fn open_as_is(&self, run: &str) -> Result<Durability, String> {
         let dir = self.dir()?;
         let journal =
             SqliteJournal::open(dir, run, &SqliteOptions::default()).map_err(|e| e.to_string())?;

@@ -106,6 +106,9 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
     let _socket_file = SocketFile(socket.clone());
     let console = Arc::new(Console::new(options.live));
     console.set_group_order(source.groups.iter().map(|g| g.id.as_str().to_owned()));
+    for warning in source.warnings() {
+        console.line(format!("warning: {}: {warning}", file.display()));
+    }
     if let Some(resumed) = durability.resume_summary() {
         console.line(format!(
             "resuming run {} from {}: generation {}, {} node(s) journaled; adopting what still runs",
@@ -131,32 +134,35 @@ pub(crate) async fn run(options: UpOptions) -> anyhow::Result<ExitCode> {
     }
     let handle = host.handle();
 
-    match handle
+    let applied = match handle
         .apply_revision(source.run_id.clone(), source.groups.clone())
         .await
     {
-        Ok(revision) => console.line(format!(
-            "{}: run {}, {} node(s) in {} group(s), generation {}; control socket {}",
-            file.display(),
-            source.run_id,
-            source.node_count(),
-            source.groups.len(),
-            revision.generation(),
-            socket.display()
-        )),
+        Ok(revision) => {
+            console.line(format!(
+                "{}: run {}, {} node(s) in {} group(s), generation {}; control socket {}",
+                file.display(),
+                source.run_id,
+                source.node_count(),
+                source.groups.len(),
+                revision.generation(),
+                socket.display()
+            ));
+            revision.generation().get()
+        }
         Err(error) => {
             eprintln!("error: {}: {error}", file.display());
             handle.shutdown().await;
             host.join().await;
             return Ok(ExitCode::from(EXIT_INVALID_INPUT));
         }
-    }
+    };
 
     let server = tokio::spawn(control::serve(listener, handle.clone(), providers::kinds()));
     let display = {
         let console = console.clone();
         let progress = handle.subscribe();
-        tokio::spawn(async move { console.follow(progress).await })
+        tokio::spawn(async move { console.follow(progress, applied).await })
     };
     let watcher = tokio::spawn(watch_file(
         options.file.clone(),
@@ -213,7 +219,7 @@ fn refused(message: &str) -> ExitCode {
 /// Starts the providers and a host that keeps its state in `durability`.
 async fn start_host(
     run_id: &RunId,
-    secret: provisioning_process::RunSecret,
+    secret: provisioning_agent::RunSecret,
     source: &shape_file::ShapeSource,
     limits: provisioning::Limits,
     durability: Durability,
@@ -237,6 +243,7 @@ async fn start_host(
 /// crash). `no_up` says why no running `up` was asked.
 pub(crate) async fn down_from_state(
     state: &StateLocation,
+    location: &SocketLocation,
     run: Option<String>,
     timeout: Duration,
     no_up: &str,
@@ -304,6 +311,8 @@ pub(crate) async fn down_from_state(
     let host = start_host(&run_id, secret, &source, limits, durability, timeout, false).await?;
     let report = host.handle().shutdown().await;
     host.join().await;
+    // The crashed `up` left its socket behind; nobody answers on it.
+    location.remove_stale(&run);
     Ok(match report.outcome {
         ShutdownOutcome::Clean => {
             crate::print("torn down: no node is left; the state is marked clean\n");
@@ -400,6 +409,9 @@ async fn apply_edit(path: &Path, text: &str, handle: &HostHandle, console: &Cons
             return true;
         }
     };
+    for warning in source.warnings() {
+        console.line(format!("warning: {}: {warning}", path.display()));
+    }
     let limits = source.limits.clone();
     let group_ids: Vec<String> = source
         .groups

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use provisioning::RunId;
-use provisioning_process::os;
+use provisioning_agent::os;
 
 /// The binary under test.
 const BINARY: &str = env!("CARGO_BIN_EXE_provision");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use provisioning::RunId;
-use provisioning_process::os;
+use provisioning_agent::os;
 use serde_json::Value;
 use up::{Bounds, POLL_INTERVAL, Up, nodes, wait_output};
 
@@ -673,7 +673,7 @@ fn plan_summarises_consecutive_slots_as_ranges() {
 }
 
 // ---------------------------------------------------------------------------
-// Durable state (SPEC §13).
+// Durable state (design §13).
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -949,7 +949,7 @@ fn in_detached_mode_kill_9_at_any_point_of_a_bring_up_ends_with_exactly_the_desi
 }
 
 // ---------------------------------------------------------------------------
-// Operator safety (SPEC §15).
+// Operator safety (design §15).
 // ---------------------------------------------------------------------------
 
 fn ready_in(status: &Value, group: &str) -> usize {
@@ -1057,8 +1057,9 @@ fn a_group_whose_boot_check_fails_pauses_and_resume_lets_it_try_again() {
 #[test]
 fn a_workload_that_exits_at_once_pauses_its_group_instead_of_restarting_forever() {
     let mut cluster = Cluster::new("typo");
-    // A typo in the start command: the shell exits with 127 right after the
-    // agent joined, so every attempt becomes ready and is lost a moment later.
+    // A typo in the start command: the shell exits with 127 right after it
+    // started, before the agent joins: every attempt fails its start with
+    // that status, and none is ever shown ready.
     cluster.write_text(&format!(
         "run = \"{}\"\n[[group]]\nid = \"web\"\ncount = 1\nbreaker_failures = 3\nbreaker_cooldown_secs = 3600\n[group.boot]\nstart_command = \"srve --port 8080\"\n",
         cluster.run
@@ -1069,7 +1070,8 @@ fn a_workload_that_exits_at_once_pauses_its_group_instead_of_restarting_forever(
     });
     let reason = paused["groups"][0]["paused"].as_str().unwrap().to_owned();
     assert!(
-        reason.starts_with("group web paused after 3 failed attempts: the node's workload exited"),
+        reason.starts_with("group web paused after 3 failed attempts: ")
+            && reason.contains("workload exited with status 127"),
         "{reason}"
     );
     let attempts = attempt_of(&paused, "web-0");
@@ -1091,17 +1093,25 @@ fn a_workload_that_exits_at_once_pauses_its_group_instead_of_restarting_forever(
     assert!(details.status.success());
     let text = String::from_utf8_lossy(&details.stdout).into_owned();
     assert!(text.starts_with("node web-0  group web"), "{text}");
-    assert!(text.contains("swarm-joined"), "{text}");
-    assert!(text.contains("the node's workload exited"), "{text}");
+    assert!(text.contains("workload exited with status 127"), "{text}");
     let json = cluster.run(&["status", "web-0", "--json", "--run", &cluster.run]);
     let node: serde_json::Value = serde_json::from_slice(&json.stdout).expect("node json");
     let history = node["history"].as_array().expect("history");
     assert!(history.len() >= 4, "{node}");
     assert!(
-        history
-            .iter()
-            .any(|t| t["reason"].as_str() == Some("the node's workload exited")),
+        history.iter().any(|t| t["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("workload exited with status 127"))),
         "{node}"
+    );
+    assert!(
+        history.iter().all(|t| t["ready"] == Value::Bool(false)),
+        "a workload that never ran is never shown ready: {node}"
+    );
+    assert!(
+        !cluster.up_output().contains("(ready)"),
+        "never shown ready: {}",
+        cluster.up_output()
     );
     let attempts: Vec<u64> = history
         .iter()
@@ -1275,7 +1285,7 @@ fn json_logs_are_one_object_per_line_without_colour_codes() {
 }
 
 // ---------------------------------------------------------------------------
-// Providers in any language (SPEC §16).
+// Providers in any language (design §16).
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -1357,4 +1367,217 @@ fn an_exec_provider_without_a_command_is_refused_with_its_line() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("providers.exec.command"), "{stderr}");
+}
+
+#[test]
+fn a_workload_that_exits_after_the_join_shows_its_exit_status_in_status() {
+    let mut cluster = Cluster::new("exit3");
+    cluster.write_text(&format!(
+        "run = \"{}\"\n[[group]]\nid = \"web\"\ncount = 1\nbreaker_failures = 1\nbreaker_cooldown_secs = 3600\n[group.boot]\nstart_command = \"sleep 2; exit 3\"\n",
+        cluster.run
+    ));
+    cluster.start();
+    let paused = cluster.wait_for("the breaker to open", |s| {
+        s["groups"][0]["paused"].as_str().is_some()
+    });
+    let expected = "workload exited with status 3";
+    let node = &paused["nodes"][0];
+    assert!(
+        node["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains(expected)),
+        "{paused:#}"
+    );
+    let table = cluster.run(&["status", "--run", &cluster.run]);
+    let text = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(text.contains(expected), "LAST ERROR: {text}");
+    let details = cluster.run(&["status", "web-0", "--json", "--run", &cluster.run]);
+    let details: Value = serde_json::from_slice(&details.stdout).expect("node json");
+    assert!(
+        details["history"]
+            .as_array()
+            .expect("history")
+            .iter()
+            .any(|t| t["reason"].as_str() == Some(expected)),
+        "{details:#}"
+    );
+    let log = cluster.up_stderr();
+    assert!(
+        !log.contains("Some(") && !log.contains("ExitStatus("),
+        "no Rust debug forms in the log:\n{log}"
+    );
+}
+
+/// Warnings of `log` that call a node lost or relay a signal's debug form.
+fn loss_warnings(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|line| line.contains("WARN"))
+        .filter(|line| line.contains("lost") || line.contains("signal=Some"))
+        .collect()
+}
+
+#[test]
+fn a_deliberate_teardown_logs_no_node_as_lost() {
+    let mut cluster = Cluster::new("quiet-down");
+    cluster.write(&[("web", 4, WORKLOAD), ("worker", 2, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+    // A scale-down and a replacement are stops the controller orders.
+    cluster.write(&[("web", 2, WORKLOAD), ("worker", 2, "sleep 3601")]);
+    cluster.wait_converged(2);
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    assert!(down.status.success(), "{}", cluster.up_output());
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+    let log = cluster.up_stderr();
+    assert_eq!(loss_warnings(&log), Vec::<&str>::new(), "{log}");
+    assert!(
+        !log.contains("WARN WARN") && !log.lines().any(|l| l.matches("WARN").count() > 1),
+        "one level per line:\n{log}"
+    );
+}
+
+#[test]
+fn a_second_up_after_a_clean_down_starts_fresh_at_generation_1() {
+    let mut cluster = Cluster::new("fresh");
+    cluster.write(&[("web", 2, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+    cluster.write(&[("web", 3, WORKLOAD)]);
+    cluster.wait_converged(2);
+    cluster.signal_up(Signal::SIGINT);
+    assert!(cluster.wait_up_exit().success(), "{}", cluster.up_output());
+
+    cluster.start();
+    let status = cluster.wait_converged(1);
+    assert_eq!(attempt_of(&status, "web-0"), 1, "{status:#}");
+    let output = cluster.up.read("up.out");
+    assert!(output.contains("generation 1 in force"), "{output}");
+    for stale in ["generation 0 in force", "generation 3", "generation 4"] {
+        assert!(!output.contains(stale), "{stale:?}:\n{output}");
+    }
+    let table = cluster.run(&["status", "--run", &cluster.run]);
+    let text = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(
+        text.starts_with(&format!("run {}  generation 1  ", cluster.run)),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_fresh_run_never_shows_generation_0() {
+    let mut cluster = Cluster::new("gen0");
+    cluster.write(&[("web", 1, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+    let output = cluster.up.read("up.out");
+    assert!(!output.contains("generation 0"), "{output}");
+    assert!(output.contains("generation 1 in force"), "{output}");
+}
+
+#[test]
+fn status_after_a_crashed_up_and_a_recovering_down_finds_no_dead_socket() {
+    let mut cluster = Cluster::new("deadsock");
+    cluster.write(&[("web", 1, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+    cluster.signal_up(Signal::SIGKILL);
+    let _ = cluster.wait_up_exit();
+    let socket = cluster.socket_dir().join(format!("{}.sock", cluster.run));
+    assert!(socket.exists(), "kill -9 leaves the socket");
+
+    let down = cluster.run(&["down", "--run", &cluster.run]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(
+        !socket.exists(),
+        "the recovering down removes the dead socket"
+    );
+
+    // A dead socket of another crashed run is skipped, and said so with -v.
+    let other = cluster.socket_dir().join("crashed-elsewhere.sock");
+    drop(std::os::unix::net::UnixListener::bind(&other).expect("bind"));
+    let status = cluster.run(&["-v", "status"]);
+    let stderr = String::from_utf8_lossy(&status.stderr).into_owned();
+    assert_eq!(status.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no running `provision up` found"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("skipping") && stderr.contains("crashed-elsewhere.sock"),
+        "{stderr}"
+    );
+    for wrong in ["several runs are up", "refused"] {
+        assert!(!stderr.contains(wrong), "{wrong:?}: {stderr}");
+    }
+}
+
+#[test]
+fn validate_warns_when_no_group_asks_for_a_node() {
+    let cluster = Cluster::new("zero");
+    cluster.write(&[("web", 0, WORKLOAD), ("worker", 0, WORKLOAD)]);
+    let file = cluster.file();
+    let validate = cluster.run(&["validate", file.to_str().expect("utf-8 path")]);
+    assert!(validate.status.success());
+    let stderr = String::from_utf8_lossy(&validate.stderr);
+    assert!(
+        stderr.contains("warning:") && stderr.contains("no group asks for a node"),
+        "{stderr}"
+    );
+    cluster.write(&[("web", 0, WORKLOAD), ("worker", 1, WORKLOAD)]);
+    let validate = cluster.run(&["validate", file.to_str().expect("utf-8 path")]);
+    assert!(!String::from_utf8_lossy(&validate.stderr).contains("warning"));
+}
+
+#[test]
+fn up_warns_when_no_group_asks_for_a_node() {
+    let mut cluster = Cluster::new("zero-up");
+    cluster.write(&[("web", 0, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+    let output = cluster.up.read("up.out");
+    assert!(
+        output.contains("warning:") && output.contains("no group asks for a node"),
+        "{output}"
+    );
+}
+
+#[test]
+fn a_rollout_shows_old_spec_nodes_that_still_serve() {
+    let mut cluster = Cluster::new("rollout");
+    cluster.write(&[("web", 3, WORKLOAD)]);
+    cluster.start();
+    cluster.wait_converged(1);
+    // Each new node takes 2 s to boot, so the old ones serve meanwhile.
+    cluster.write_text(&format!(
+        "run = \"{}\"\n[[group]]\nid = \"web\"\ncount = 3\n[group.boot]\nverify_commands = [\"sleep 2\"]\nstart_command = \"sleep 3601\"\n",
+        cluster.run
+    ));
+    let during = cluster.wait_for("old-spec nodes serving during the rollout", |s| {
+        s["generation"] == 2 && s["groups"][0]["ready_old"].as_u64().is_some_and(|n| n >= 1)
+    });
+    let group = &during["groups"][0];
+    let (ready, old) = (
+        group["ready"].as_u64().unwrap(),
+        group["ready_old"].as_u64().unwrap(),
+    );
+    assert!(ready + old <= 3, "{during:#}");
+    let table = cluster.run(&["status", "--run", &cluster.run]);
+    let text = String::from_utf8_lossy(&table.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("group web"))
+        .unwrap_or_default();
+    assert!(
+        line.contains(" old)")
+            || cluster
+                .status()
+                .is_some_and(|s| s["groups"][0]["ready_old"] == 0),
+        "{text}"
+    );
+    let done = cluster.wait_converged(2);
+    assert_eq!(done["groups"][0]["ready_old"], 0, "{done:#}");
 }

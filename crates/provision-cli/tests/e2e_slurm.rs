@@ -208,7 +208,7 @@ fn after_kill_9_of_up_a_restart_adopts_every_job_and_its_running_agent() {
             .get(before_restart..)
             .unwrap_or_default()
             .lines()
-            .filter(|l| l.contains("remote agent joined the swarm"))
+            .filter(|l| l.contains("agent joined the swarm"))
             .count();
         if rejoined >= NODES {
             break;

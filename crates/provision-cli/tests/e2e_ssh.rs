@@ -1,7 +1,8 @@
 //! End-to-end over SSH: the real `provision up` binary against a testbed of
 //! four real `sshd` hosts, each in a network namespace of its own with its
 //! own address (the testbed of `crates/provisioning-ssh/tests/common`). The
-//! agent is the `provision` binary itself, uploaded to every host; agents
+//! agent is the slim `provision-agent` built beside `provision`, uploaded to
+//! every host once by content hash; agents
 //! join the controller's swarm listener on the root side of the first
 //! host's link. Every wait is bounded; the testbed (sshd, namespaces,
 //! agents, files) and `up` are torn down in `Drop`, also when a test fails.
@@ -12,6 +13,7 @@ mod common;
 mod up;
 
 use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -20,7 +22,7 @@ use common::{Testbed, agents_under, process_alive};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use provisioning::RunId;
-use provisioning_process::os;
+use provisioning_agent::os;
 use serde_json::Value;
 use up::{BINARY, Bounds, POLL_INTERVAL, Up, nodes, ready};
 
@@ -149,6 +151,43 @@ impl SshCluster {
             .collect()
     }
 
+    /// Every host holds exactly one uploaded agent, and it is the slim
+    /// `provision-agent` built beside `provision` (design §18), byte for
+    /// byte: never the whole CLI.
+    fn assert_only_the_slim_agent_was_uploaded(&self) {
+        let slim_path = Path::new(BINARY).with_file_name("provision-agent");
+        let slim = fs::read(&slim_path).unwrap_or_else(|e| {
+            panic!(
+                "{} is missing ({e}): `cargo test --workspace` builds it, or \
+                 `cargo build --bin provision-agent`",
+                slim_path.display()
+            )
+        });
+        let full_len = fs::metadata(BINARY).expect("provision").len();
+        assert!(
+            (slim.len() as u64) < full_len,
+            "the slim agent ({} bytes) is not smaller than provision ({full_len} bytes)",
+            slim.len()
+        );
+        for host in &self.bed.hosts {
+            let store = host.claims().join(".agents");
+            let uploaded: Vec<PathBuf> = fs::read_dir(&store)
+                .unwrap_or_else(|e| panic!("{}: {e}", store.display()))
+                .map(|entry| entry.expect("agent store entry").path())
+                .filter(|path| path.is_file())
+                .collect();
+            assert_eq!(uploaded.len(), 1, "{}: {uploaded:?}", store.display());
+            let bytes = fs::read(&uploaded[0]).expect("uploaded agent");
+            assert!(
+                bytes == slim,
+                "{} holds {} bytes, not the slim agent's {}",
+                uploaded[0].display(),
+                bytes.len(),
+                slim.len()
+            );
+        }
+    }
+
     /// The agent pid of each node `{node}/a{attempt}`, from the session pid
     /// files on the hosts.
     fn agent_pids(&self) -> Vec<(String, String)> {
@@ -209,6 +248,7 @@ fn an_ssh_fleet_converges_replaces_a_killed_agent_and_ctrl_c_leaves_nothing() {
     // Two slots per host, filled in inventory order.
     let per_host: Vec<usize> = cluster.claims().iter().map(Vec::len).collect();
     assert_eq!(per_host.iter().sum::<usize>(), NODES, "{per_host:?}");
+    cluster.assert_only_the_slim_agent_was_uploaded();
 
     // SIGKILL one remote agent, found in its host's namespace.
     let (host, victim) = cluster

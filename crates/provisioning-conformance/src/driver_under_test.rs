@@ -33,6 +33,39 @@ pub struct PlannedPass {
     pub decisions: Vec<(LogicalNodeId, NodeDecision)>,
 }
 
+/// How a host reads the changes it takes from a driver
+/// ([`ClusterDriver::take_changes`], read through a
+/// [`DriverChangesView`](provisioning::DriverChangesView)). The harness takes
+/// them each way in turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeRead {
+    /// The change set, owned: what a host that journals it reads.
+    ChangeSet,
+    /// The ids of the changed nodes alone: what a host that keeps its own
+    /// view of the nodes reads.
+    Ids,
+    /// Nothing: the changes are discarded unread, by a host that asked only
+    /// whether something changed and writes the whole state.
+    Nothing,
+}
+
+/// The changes a driver handed out ([`DriverUnderTest::take_changes`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TakenChanges {
+    /// The change set.
+    ChangeSet(DriverChanges),
+    /// The ids of the nodes inserted, changed or removed, in slot order.
+    Ids {
+        /// The nodes.
+        nodes: BTreeSet<LogicalNodeId>,
+        /// Whether anything is to be written (a node, the meta or a
+        /// breaker changed).
+        written: bool,
+    },
+    /// The changes were taken and discarded.
+    Discarded,
+}
+
 /// The operations of [`ClusterDriver`] the harness uses. See its docs for
 /// the contract of each method; an implementation must keep it.
 pub trait DriverUnderTest {
@@ -136,30 +169,20 @@ pub trait DriverUnderTest {
     /// that does not journal cannot be recovered after a crash.
     fn track_changes(&mut self) {}
 
-    /// See [`ClusterDriver::take_changes`]. The default changes nothing.
-    fn take_changes(&mut self, now: Timestamp) -> DriverChanges {
-        let _ = now;
-        DriverChanges::default()
+    /// See [`ClusterDriver::take_changes`]: the changes since the last take,
+    /// read as `read` asks (as a change set, as the changed ids alone, or
+    /// not at all: discarded). A driver may answer any read with a change
+    /// set, which the harness then uses as one. The default hands out an
+    /// empty change set.
+    fn take_changes(&mut self, now: Timestamp, read: ChangeRead) -> TakenChanges {
+        let _ = (now, read);
+        TakenChanges::ChangeSet(DriverChanges::default())
     }
 
     /// See [`ClusterDriver::has_changes`]: whether a change set is waiting.
     /// The default does not say (`None`).
     fn has_changes(&self) -> Option<bool> {
         None
-    }
-
-    /// See [`ClusterDriver::take_changed_nodes`]: the changes taken as the
-    /// ids of the nodes that changed and whether anything else did. The
-    /// default does not offer it (`None`; the harness then takes change
-    /// sets only).
-    fn take_changed_nodes(&mut self) -> Option<(BTreeSet<LogicalNodeId>, bool)> {
-        None
-    }
-
-    /// See [`ClusterDriver::discard_changes`]: forgets the waiting changes.
-    /// Returns whether the driver offers it (the default does not).
-    fn discard_changes(&mut self) -> bool {
-        false
     }
 
     /// See [`ClusterDriver::durable_state`]: the whole state as a journal
@@ -347,21 +370,23 @@ impl DriverUnderTest for ClusterDriver {
         Some(ClusterDriver::has_changes(self))
     }
 
-    fn take_changed_nodes(&mut self) -> Option<(BTreeSet<LogicalNodeId>, bool)> {
-        Some(ClusterDriver::take_changed_nodes(self))
-    }
-
-    fn discard_changes(&mut self) -> bool {
-        ClusterDriver::discard_changes(self);
-        true
+    fn take_changes(&mut self, now: Timestamp, read: ChangeRead) -> TakenChanges {
+        let changes = ClusterDriver::take_changes(self, now);
+        match read {
+            ChangeRead::ChangeSet => TakenChanges::ChangeSet(changes.to_owned_changes()),
+            ChangeRead::Ids => TakenChanges::Ids {
+                written: !changes.is_empty(),
+                nodes: changes.into_nodes(),
+            },
+            ChangeRead::Nothing => {
+                drop(changes);
+                TakenChanges::Discarded
+            }
+        }
     }
 
     fn durable_state(&self, now: Timestamp) -> Option<DurableState> {
         Some(ClusterDriver::durable_state(self, now))
-    }
-
-    fn take_changes(&mut self, now: Timestamp) -> DriverChanges {
-        ClusterDriver::take_changes(self, now)
     }
 
     fn set_limits(&mut self, limits: Limits) {

@@ -1,4 +1,4 @@
-//! The guarantees of SPEC §11 and §17 (G26–G28), by stable id, and the violations the oracle
+//! The guarantees of design §11 and §17 (G26–G28), by stable id, and the violations the oracle
 //! reports against them.
 //!
 //! # How the oracle evaluates each guarantee
@@ -42,7 +42,7 @@
 
 use std::fmt;
 
-/// A guarantee of SPEC §11 and §17. The id (`G01`…`G30`) is stable: reports,
+/// A guarantee of design §11 and §17. The id (`G01`…`G30`) is stable: reports,
 /// regression files and tests refer to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum GuaranteeId {

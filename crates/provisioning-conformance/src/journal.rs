@@ -1,5 +1,5 @@
 //! Where the harness host journals the driver's durable state, and how it
-//! recovers a driver from it after a controller crash (SPEC §13).
+//! recovers a driver from it after a controller crash (design §13).
 //!
 //! The harness host journals exactly as the real host does: every drive's
 //! operations go into a buffer, the drive's change set

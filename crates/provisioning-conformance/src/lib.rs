@@ -70,7 +70,7 @@ pub mod trace;
 
 pub use battery::{Battery, BatteryReport, Evaluation, Failure, Regression};
 pub use contract::{ContractFaults, ContractReport, ContractSubject, run_contract_suite};
-pub use driver_under_test::DriverUnderTest;
+pub use driver_under_test::{ChangeRead, DriverUnderTest, TakenChanges};
 pub use explore::{Counterexample, ExploreConfig, ExploreReport, Explorer};
 pub use fake::{Defect, FakeBackend, FakeSubstrate};
 pub use generate::{GeneratorConfig, generate};

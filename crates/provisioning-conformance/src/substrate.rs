@@ -413,7 +413,7 @@ pub trait Substrate {
     fn close_sessions_late(&mut self) {}
 
     /// Destroys everything live for `key` — an orphan no node's current
-    /// attempt owns — the way the host's orphan collection does (SPEC §13).
+    /// attempt owns — the way the host's orphan collection does (design §13).
     /// Returns whether anything was live. Default: cannot (returns `false`).
     fn destroy_orphan(&mut self, key: &ResourceKey) -> bool {
         let _ = key;

@@ -143,7 +143,7 @@ fn cause_name(cause: LossCause) -> &'static str {
     match cause {
         LossCause::AgentGone => "agent_gone",
         LossCause::LeaseGone => "lease_gone",
-        LossCause::WorkloadExited => "workload_exited",
+        LossCause::WorkloadExited | LossCause::WorkloadEnded(_) => "workload_exited",
     }
 }
 

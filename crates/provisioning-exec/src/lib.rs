@@ -22,12 +22,18 @@
 //! Calls run on a tokio runtime (with the `process`, `time` and `io-util`
 //! drivers enabled); constructing an [`ExecPlugin`] needs none.
 //!
-//! The crate also implements the conformance kit's
-//! [`ContractFaults`] over the protocol's optional test hooks, and
-//! [`conformance`] runs the seam contract suite against a program.
+//! With the `kit` feature (off by default: running a provider program
+//! needs no conformance kit), the crate also implements the kit's
+//! `ContractFaults` over the protocol's optional test hooks
+//! (`contract_faults`), `conformance` runs the seam contract suite against a
+//! program, and `battery` runs the kit's trace battery against it.
 
+#[cfg(feature = "kit")]
 pub mod battery;
+#[cfg(feature = "kit")]
 pub mod conformance;
+#[cfg(feature = "kit")]
+mod contract_faults;
 pub mod wire;
 
 use std::collections::BTreeMap;
@@ -38,25 +44,26 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use provisioning::effect::SessionHandle;
 use provisioning::spawn::BoxFuture;
 use provisioning::{Endpoint, EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
-use provisioning_conformance::contract::{ContractFaults, PluginMethod};
-use provisioning_conformance::trace::Fault;
+use provisioning_agent::codec::{LossyLine, LossyLinesCodec};
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
     PluginError, ProvisionPlugin,
 };
 use serde_json::{Value, json};
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_util::codec::FramedRead;
 
 use crate::wire::{
-    CreateResult, DecodeError, Disposition, HANDSHAKE_ID, Hello, Line, LineSplitter, ListResult,
-    LookupResult, LoseResult, Message, PROTOCOL, PROTOCOL_VERSION, StartResult, WireError,
+    CreateResult, DecodeError, Disposition, HANDSHAKE_ID, Hello, ListResult, LookupResult, Message,
+    PROTOCOL, PROTOCOL_VERSION, StartResult, WireError,
 };
 
 /// The default provider kind an [`ExecPlugin`] serves.
@@ -119,13 +126,17 @@ impl ExecConfig {
         }
     }
 
-    /// A program from a command line split at whitespace
-    /// (`"python3 provider.py --flag"`); no quoting.
+    /// A program from a command line split into words as a POSIX shell
+    /// splits them (`"python3 provider.py --flag"`, `"'/opt/my tools/p' -v"`):
+    /// quotes and backslashes group and escape, nothing is expanded.
     ///
     /// # Errors
-    /// [`ExecError::EmptyCommand`] when the line holds no word.
+    /// [`ExecError::EmptyCommand`] when the line holds no word;
+    /// [`ExecError::BadQuoting`] when a quote is not closed (or the line
+    /// ends in a lone backslash).
     pub fn from_command_line(line: &str) -> Result<Self, ExecError> {
-        let mut words = line.split_whitespace();
+        let words = shlex::split(line).ok_or_else(|| ExecError::BadQuoting(line.to_owned()))?;
+        let mut words = words.into_iter();
         let command = words.next().ok_or(ExecError::EmptyCommand)?;
         Ok(ExecConfig::new(command, words))
     }
@@ -166,6 +177,9 @@ pub enum ExecError {
     /// The command line was empty.
     #[error("the provider command is empty")]
     EmptyCommand,
+    /// The command line has a quote that is not closed.
+    #[error("the provider command {0:?} has an unclosed quote or a trailing backslash")]
+    BadQuoting(String),
     /// The program could not be spawned.
     #[error("could not start provider program {command:?}: {source}")]
     Spawn {
@@ -662,52 +676,33 @@ async fn write_lines(
     }
 }
 
-async fn log_stderr(mut stderr: impl AsyncRead + Unpin, name: String) {
-    let mut splitter = LineSplitter::new();
-    let mut chunk = vec![0u8; 4096];
-    let mut lines = Vec::new();
-    loop {
-        match stderr.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => splitter.feed(&chunk[..n], &mut lines),
-        }
-        for line in lines.drain(..) {
-            log_stderr_line(&name, line);
-        }
-    }
-    if let Some(last) = splitter.finish() {
-        log_stderr_line(&name, last);
+async fn log_stderr(stderr: impl AsyncRead + Unpin, name: String) {
+    let mut lines = FramedRead::new(stderr, LossyLinesCodec::new(wire::MAX_LINE_BYTES));
+    while let Some(Ok(line)) = lines.next().await {
+        log_stderr_line(&name, line);
     }
 }
 
-fn log_stderr_line(name: &str, line: Line) {
+fn log_stderr_line(name: &str, line: LossyLine) {
     match line {
-        Line::Text(text) => {
+        LossyLine::Text(text) => {
             tracing::info!(program = %name, "stderr: {}", String::from_utf8_lossy(&text));
         }
-        Line::TooLong(length) => {
+        LossyLine::TooLong(length) => {
             tracing::info!(program = %name, "stderr: (a line of {length} bytes, not shown)");
         }
     }
 }
 
-async fn read_lines(mut stdout: impl AsyncRead + Unpin, shared: Arc<Shared>, owner: Weak<Inner>) {
-    let mut splitter = LineSplitter::new();
-    let mut chunk = vec![0u8; 16 * 1024];
-    let mut lines = Vec::new();
+async fn read_lines(stdout: impl AsyncRead + Unpin, shared: Arc<Shared>, owner: Weak<Inner>) {
+    let mut lines = FramedRead::new(stdout, LossyLinesCodec::new(wire::MAX_LINE_BYTES));
     let why = loop {
-        match stdout.read(&mut chunk).await {
-            Ok(0) => break "it closed its stdout".to_owned(),
-            Ok(n) => splitter.feed(&chunk[..n], &mut lines),
-            Err(error) => break format!("reading its stdout failed: {error}"),
-        }
-        for line in lines.drain(..) {
-            handle_line(&shared, line);
+        match lines.next().await {
+            None => break "it closed its stdout".to_owned(),
+            Some(Ok(line)) => handle_line(&shared, line),
+            Some(Err(error)) => break format!("reading its stdout failed: {error}"),
         }
     };
-    if let Some(last) = splitter.finish() {
-        handle_line(&shared, last);
-    }
     let owned = owner
         .upgrade()
         .is_some_and(|inner| !inner.closed.load(Ordering::SeqCst));
@@ -731,11 +726,11 @@ async fn read_lines(mut stdout: impl AsyncRead + Unpin, shared: Arc<Shared>, own
     }
 }
 
-fn handle_line(shared: &Shared, line: Line) {
+fn handle_line(shared: &Shared, line: LossyLine) {
     match line {
-        Line::Text(text) if text.iter().all(u8::is_ascii_whitespace) => {}
-        Line::Text(text) => shared.handle(&text),
-        Line::TooLong(length) => tracing::error!(
+        LossyLine::Text(text) if text.iter().all(u8::is_ascii_whitespace) => {}
+        LossyLine::Text(text) => shared.handle(&text),
+        LossyLine::TooLong(length) => tracing::error!(
             program = %shared.name,
             "malformed output ignored: a line of {length} bytes exceeds {} bytes",
             wire::MAX_LINE_BYTES
@@ -971,6 +966,7 @@ impl ExecPlugin {
     }
 
     /// A test hook's call (§6): its result decoded as `T`.
+    #[cfg(feature = "kit")]
     pub(crate) async fn hook<T: serde::de::DeserializeOwned>(
         &self,
         method: &'static str,
@@ -981,6 +977,7 @@ impl ExecPlugin {
     }
 
     /// The name of the running program's start, for logs.
+    #[cfg(feature = "kit")]
     pub(crate) fn name(&self) -> &str {
         &self.inner.name
     }
@@ -1051,77 +1048,24 @@ impl ProvisionPlugin for ExecPlugin {
     }
 }
 
-/// The protocol's name of a fault the contract suite asks for.
-fn fault_name(fault: Fault) -> Option<&'static str> {
-    match fault {
-        Fault::Definite => Some("definite"),
-        Fault::AmbiguousDone => Some("ambiguous_done"),
-        Fault::AmbiguousUndone => Some("ambiguous_undone"),
-        _ => None,
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::{ExecConfig, ExecError};
 
-impl ContractFaults for ExecPlugin {
-    /// Sends `inject_fault` when the running program offered that fault in
-    /// its handshake. The request is queued before any later call, and the
-    /// program arms it before reading on, so it applies to the next call.
-    fn inject(&self, method: PluginMethod, fault: Fault) -> bool {
-        let Some(fault) = fault_name(fault) else {
-            return false;
-        };
-        let Some(connection) = self.inner.live() else {
-            return false;
-        };
-        let offered = connection
-            .hello
-            .faults
-            .iter()
-            .any(|offer| offer.method == method.name() && offer.fault == fault);
-        if !offered {
-            return false;
-        }
-        // The reply is not awaited (this hook is synchronous); a refusal
-        // shows in the log when a runtime is there to watch for it.
-        let Some((_, reply)) = connection.send(
-            "inject_fault",
-            None,
-            json!({"method": method.name(), "fault": fault}),
-        ) else {
-            return false;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let name = self.inner.name.clone();
-            let what = format!("{fault} for {method}");
-            runtime.spawn(async move {
-                let armed = match reply.await {
-                    Ok(Reply::Answer(Ok(value))) => value.get("armed").and_then(Value::as_bool),
-                    _ => None,
-                };
-                if armed != Some(true) {
-                    tracing::warn!(program = %name, "inject_fault {what} was not armed");
-                }
-            });
-        }
-        true
-    }
-
-    fn lose_node<'a>(&'a self, key: &'a AttemptKey) -> BoxFuture<'a, bool> {
-        Box::pin(async move {
-            let offered = self.inner.live().is_some_and(|c| c.hello.lose_node);
-            if !offered {
-                return false;
-            }
-            match self
-                .inner
-                .call_as::<LoseResult>("lose_node", Some(key), json!({}), Arm::NONE)
-                .await
-            {
-                Ok(result) => result.lost,
-                Err(error) => {
-                    tracing::warn!(program = %self.inner.name, "lose_node of {key} failed: {error}");
-                    false
-                }
-            }
-        })
+    #[test]
+    fn a_command_line_with_a_quoted_path_keeps_its_space() {
+        let config =
+            ExecConfig::from_command_line("python3 '/tmp/my providers/dirs.py' --root \"/a b\"")
+                .unwrap();
+        assert_eq!(config.command, "python3");
+        assert_eq!(config.args, ["/tmp/my providers/dirs.py", "--root", "/a b"]);
+        assert!(matches!(
+            ExecConfig::from_command_line("python3 'open"),
+            Err(ExecError::BadQuoting(_))
+        ));
+        assert!(matches!(
+            ExecConfig::from_command_line("   "),
+            Err(ExecError::EmptyCommand)
+        ));
     }
 }

@@ -1,6 +1,8 @@
 //! The wire form of the plugin protocol (`docs/plugin-protocol.md`): request
-//! encoding, a bounded line splitter and the decoder of everything a program
-//! writes to its stdout.
+//! encoding and the decoder of everything a program writes to its stdout.
+//! The stdout is cut into bounded lines by the agent's one line codec
+//! ([`provisioning_agent::codec::LossyLinesCodec`] bounded by
+//! [`MAX_LINE_BYTES`]).
 //!
 //! Everything here is pure: no I/O, no clock. The decoder never panics; every
 //! input, whatever its bytes, is either a [`Message`] or a [`DecodeError`].
@@ -333,84 +335,6 @@ pub fn encode_request(id: u64, method: &str, key: Option<&AttemptKey>, args: Val
     line
 }
 
-/// One complete line out of a [`LineSplitter`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Line {
-    /// A line, without its newline (and without a `\r` before it).
-    Text(Vec<u8>),
-    /// A line longer than the limit, of this many bytes, discarded.
-    TooLong(usize),
-}
-
-/// Splits a byte stream into lines, holding at most [`MAX_LINE_BYTES`] of a
-/// line in memory.
-#[derive(Debug, Default)]
-pub struct LineSplitter {
-    buffer: Vec<u8>,
-    /// Bytes of an over-long line discarded so far.
-    overflow: Option<usize>,
-}
-
-impl LineSplitter {
-    /// An empty splitter.
-    pub fn new() -> Self {
-        LineSplitter::default()
-    }
-
-    /// Feeds `chunk`, appending every line it completes to `out`.
-    pub fn feed(&mut self, mut chunk: &[u8], out: &mut Vec<Line>) {
-        while !chunk.is_empty() {
-            let end = chunk.iter().position(|&b| b == b'\n');
-            let (part, rest) = match end {
-                Some(at) => (&chunk[..at], Some(&chunk[at + 1..])),
-                None => (chunk, None),
-            };
-            self.append(part);
-            match rest {
-                Some(rest) => {
-                    out.push(self.take());
-                    chunk = rest;
-                }
-                None => break,
-            }
-        }
-    }
-
-    /// Ends the stream: the unterminated last line, if any.
-    pub fn finish(&mut self) -> Option<Line> {
-        if self.buffer.is_empty() && self.overflow.is_none() {
-            return None;
-        }
-        Some(self.take())
-    }
-
-    fn append(&mut self, part: &[u8]) {
-        if let Some(seen) = &mut self.overflow {
-            *seen = seen.saturating_add(part.len());
-        } else if self.buffer.len() + part.len() > MAX_LINE_BYTES + 1 {
-            // One byte of slack for a `\r` before the newline.
-            self.overflow = Some(self.buffer.len() + part.len());
-            self.buffer = Vec::new();
-        } else {
-            self.buffer.extend_from_slice(part);
-        }
-    }
-
-    fn take(&mut self) -> Line {
-        if let Some(seen) = self.overflow.take() {
-            return Line::TooLong(seen);
-        }
-        let mut line = std::mem::take(&mut self.buffer);
-        if line.last() == Some(&b'\r') {
-            line.pop();
-        }
-        if line.len() > MAX_LINE_BYTES {
-            return Line::TooLong(line.len());
-        }
-        Line::Text(line)
-    }
-}
-
 /// The program's handshake answer.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Hello {
@@ -493,25 +417,30 @@ pub(crate) struct ListedWire {
     pub(crate) lease: String,
 }
 
-/// The `result` of `lose_node`.
+/// The `result` of `lose_node` (the test hooks' replies are read only by
+/// the kit's side of the crate).
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct LoseResult {
     pub(crate) lost: bool,
 }
 
 /// The `result` of the `live` hook.
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct LiveResult {
     pub(crate) leases: Vec<LiveLease>,
     pub(crate) sessions: Vec<LiveSession>,
 }
 
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct LiveLease {
     pub(crate) key: WireKey,
     pub(crate) lease: String,
 }
 
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct LiveSession {
     pub(crate) key: WireKey,
@@ -520,12 +449,14 @@ pub(crate) struct LiveSession {
 }
 
 /// The `result` of the `emit` hook.
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct EmitResult {
     pub(crate) emitted: bool,
 }
 
 /// The `result` of the `release` hook.
+#[cfg(feature = "kit")]
 #[derive(Debug, Deserialize)]
 pub(crate) struct ReleaseResult {
     pub(crate) released: u64,
@@ -543,7 +474,10 @@ pub(crate) fn is_empty_result(value: &Value) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use provisioning_agent::codec::{LossyLine, LossyLinesCodec};
     use provisioning_conformance::SplitMix64;
+    use tokio_util::bytes::BytesMut;
+    use tokio_util::codec::Decoder;
 
     use super::*;
 
@@ -589,10 +523,25 @@ mod tests {
         }
     }
 
+    /// Feeds every chunk to `codec`, appending the lines it completes to
+    /// `out`.
+    fn feed(
+        codec: &mut LossyLinesCodec,
+        buf: &mut BytesMut,
+        chunk: &[u8],
+        out: &mut Vec<LossyLine>,
+    ) {
+        buf.extend_from_slice(chunk);
+        while let Some(line) = codec.decode(buf).unwrap() {
+            out.push(line);
+        }
+    }
+
     #[test]
     fn splitting_random_chunks_never_panics_and_keeps_lines_within_the_limit() {
         let mut rng = SplitMix64::new(0x11ae);
-        let mut splitter = LineSplitter::new();
+        let mut codec = LossyLinesCodec::new(MAX_LINE_BYTES);
+        let mut buf = BytesMut::new();
         let mut out = Vec::new();
         for _ in 0..2_000 {
             let len = rng.below(64) as usize;
@@ -605,27 +554,38 @@ mod tests {
                     }
                 })
                 .collect();
-            splitter.feed(&chunk, &mut out);
+            feed(&mut codec, &mut buf, &chunk, &mut out);
         }
-        let _ = splitter.finish();
+        while let Some(line) = codec.decode_eof(&mut buf).unwrap() {
+            out.push(line);
+        }
         assert!(out.iter().all(|line| match line {
-            Line::Text(text) => text.len() <= MAX_LINE_BYTES && !text.contains(&b'\n'),
-            Line::TooLong(_) => true,
+            LossyLine::Text(text) => text.len() <= MAX_LINE_BYTES && !text.contains(&b'\n'),
+            LossyLine::TooLong(_) => true,
         }));
     }
 
     #[test]
     fn a_line_longer_than_the_limit_is_reported_too_long_and_the_next_line_survives() {
-        let mut splitter = LineSplitter::new();
+        let mut codec = LossyLinesCodec::new(MAX_LINE_BYTES);
+        let mut buf = BytesMut::new();
         let mut out = Vec::new();
         let long = vec![b'x'; MAX_LINE_BYTES + 10];
         for chunk in long.chunks(4096) {
-            splitter.feed(chunk, &mut out);
+            feed(&mut codec, &mut buf, chunk, &mut out);
         }
-        splitter.feed(b"\n{\"id\":1,\"result\":{}}\r\n", &mut out);
+        feed(
+            &mut codec,
+            &mut buf,
+            b"\n{\"id\":1,\"result\":{}}\r\n",
+            &mut out,
+        );
         assert_eq!(out.len(), 2);
-        assert_eq!(out[0], Line::TooLong(MAX_LINE_BYTES + 10));
-        assert_eq!(out[1], Line::Text(b"{\"id\":1,\"result\":{}}".to_vec()));
+        assert_eq!(out[0], LossyLine::TooLong(MAX_LINE_BYTES + 10));
+        assert_eq!(
+            out[1],
+            LossyLine::Text(b"{\"id\":1,\"result\":{}}".to_vec())
+        );
         assert_eq!(
             decode_line(&vec![b' '; MAX_LINE_BYTES + 1]),
             Err(DecodeError::TooLong(MAX_LINE_BYTES + 1))

@@ -9,7 +9,6 @@
 //! The generator is a seeded SplitMix64, so a failure reproduces exactly;
 //! the seed is in the test.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use provisioning::RunId;
@@ -156,14 +155,6 @@ fn junk_line(rng: &mut SplitMix64) -> Vec<u8> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        let _ = write!(out, "{byte:02x}");
-    }
-    out
-}
-
 /// The script entries and, for each call, whether it gets a reply.
 fn script(rng: &mut SplitMix64) -> (Value, Vec<bool>) {
     let mut entries = Vec::new();
@@ -173,11 +164,11 @@ fn script(rng: &mut SplitMix64) -> (Value, Vec<bool>) {
         // The unanswered calls are spread through the run.
         let reply = n % (total / UNANSWERED_CALLS) != total / UNANSWERED_CALLS - 1;
         let junk: Vec<Value> = (0..rng.below(4))
-            .map(|_| Value::String(hex(&junk_line(rng))))
+            .map(|_| Value::String(hex::encode(junk_line(rng))))
             .collect();
         entries.push(json!({
             "junk": junk,
-            "reply": if reply { Value::String(hex(malformed_reply(rng).as_bytes())) } else { Value::Null },
+            "reply": if reply { Value::String(hex::encode(malformed_reply(rng).as_bytes())) } else { Value::Null },
         }));
         answered.push(reply);
     }

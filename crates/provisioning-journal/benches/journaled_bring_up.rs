@@ -128,7 +128,7 @@ fn bring_up(nodes: u32, mut journal: Option<Box<dyn Journal>>) -> Outcome {
                 let mut batch = Batch::default();
                 driver.drive_until_blocked(now, &mut batch).expect("drive");
                 let t0 = Instant::now();
-                let changes = driver.take_change_view(now);
+                let changes = driver.take_changes(now);
                 let t1 = Instant::now();
                 if !changes.is_empty() {
                     let rows = codec.encode_view(&changes).expect("encode");
@@ -165,7 +165,7 @@ fn bring_up(nodes: u32, mut journal: Option<Box<dyn Journal>>) -> Outcome {
         }
     }
     if let Some(journal) = journal.as_mut() {
-        let changes = driver.take_change_view(now);
+        let changes = driver.take_changes(now);
         if !changes.is_empty() {
             let rows = codec.encode_view(&changes).expect("encode");
             drop(changes);

@@ -17,8 +17,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use provisioning::{
-    DriverChangesView, DurableEntry, DurableMeta, DurableNode, DurableNodeRef, DurableState,
-    NodeTemplate,
+    DriverChangesView, DurableEntry, DurableEntryRef, DurableMeta, DurableNode, DurableNodeRef,
+    DurableState, LogicalNodeId, NodeTemplate,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -153,12 +153,22 @@ impl StateCodec {
         &mut self,
         changes: &provisioning::DriverChanges,
     ) -> Result<ChangeSet, CodecError> {
-        self.encode_view(&changes.view())
+        let upserts = changes
+            .upserts
+            .iter()
+            .map(|entry| (&entry.node.node, Some(entry.as_ref())));
+        let removed = changes.removed.iter().map(|id| (id, None));
+        self.encode_rows(
+            changes.meta.as_ref(),
+            changes.upserts.len(),
+            upserts.chain(removed),
+        )
     }
 
-    /// The storage change set of a change set borrowed from the driver
-    /// ([`provisioning::ClusterDriver::take_change_view`]); the same rows as
-    /// [`StateCodec::encode`] of its owned form.
+    /// The storage change set of the changes taken from the driver
+    /// ([`provisioning::ClusterDriver::take_changes`]), each changed node
+    /// encoded borrowed; the same rows as [`StateCodec::encode`] of its
+    /// owned form.
     ///
     /// # Errors
     /// [`CodecError::Encode`], which these types do not produce in practice.
@@ -166,12 +176,30 @@ impl StateCodec {
         &mut self,
         changes: &DriverChangesView<'_>,
     ) -> Result<ChangeSet, CodecError> {
+        let meta = changes.meta();
+        // The changed ids bound the rows written: those removed are the few.
+        self.encode_rows(meta.as_ref(), changes.nodes().len(), changes.entries())
+    }
+
+    /// The rows of a change set: `meta` when anything is written, and each
+    /// changed node with its entry (`None`: removed); upserts and deletes
+    /// each keep the order they come in. `upserts_hint` bounds the upserts.
+    fn encode_rows<'a>(
+        &mut self,
+        meta: Option<&DurableMeta>,
+        upserts_hint: usize,
+        nodes: impl Iterator<Item = (&'a LogicalNodeId, Option<DurableEntryRef<'a>>)>,
+    ) -> Result<ChangeSet, CodecError> {
         let mut out = ChangeSet::new();
-        out.upserts.reserve_exact(changes.upserts.len());
+        out.upserts.reserve_exact(upserts_hint);
         // One buffer serves every row: each body is then copied out once, at
         // its exact size, instead of growing a fresh string per row.
         let mut scratch = Vec::with_capacity(1024);
-        for entry in &changes.upserts {
+        for (id, entry) in nodes {
+            let Some(entry) = entry else {
+                out.deletes.push(id.to_string());
+                continue;
+            };
             let key = self.template_key(entry.template, &mut out.meta)?;
             let key = &self.known[key].1;
             scratch.clear();
@@ -195,13 +223,11 @@ impl StateCodec {
                 body,
             });
         }
-        out.deletes = changes.removed.iter().map(ToString::to_string).collect();
-        if let Some(meta) = &changes.meta {
-            let json =
-                serde_json::to_string(meta.as_ref()).map_err(|source| CodecError::Encode {
-                    what: "the state meta".into(),
-                    source,
-                })?;
+        if let Some(meta) = meta {
+            let json = serde_json::to_string(meta).map_err(|source| CodecError::Encode {
+                what: "the state meta".into(),
+                source,
+            })?;
             out.meta.push((META_STATE.to_owned(), json));
         }
         Ok(out)
@@ -277,11 +303,7 @@ impl StateCodec {
     }
 }
 
+/// The first eight bytes of `digest` as sixteen lowercase hex digits.
 fn hex16(digest: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(16);
-    for byte in digest.iter().take(8) {
-        let _ = write!(out, "{byte:02x}");
-    }
-    out
+    hex::encode(&digest[..digest.len().min(8)])
 }

@@ -1,4 +1,4 @@
-//! The durable journal of a controller run (SPEC §13).
+//! The durable journal of a controller run (design §13).
 //!
 //! Storage only: this crate knows nothing of the reconciler's types. The core
 //! produces, per reconcile pass, a [`ChangeSet`] whose values are already

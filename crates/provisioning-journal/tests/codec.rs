@@ -98,7 +98,9 @@ fn a_driver_state_committed_in_change_sets_reads_back_equal_from_the_file() {
                 },
             )
             .unwrap();
-        let rows = codec.encode(&driver.take_changes(now)).unwrap();
+        let rows = codec
+            .encode(&driver.take_changes(now).to_owned_changes())
+            .unwrap();
         journal.commit(&rows).unwrap();
         spawner.run_all(RunOrder::Fifo);
         for result in executor.take_results() {
@@ -111,7 +113,9 @@ fn a_driver_state_committed_in_change_sets_reads_back_equal_from_the_file() {
                 .unwrap();
         }
     }
-    let rows = codec.encode(&driver.take_changes(now)).unwrap();
+    let rows = codec
+        .encode(&driver.take_changes(now).to_owned_changes())
+        .unwrap();
     journal.commit(&rows).unwrap();
     drop(journal);
 
@@ -146,7 +150,7 @@ fn a_blank_journal_decodes_to_nothing_and_a_row_without_its_template_is_an_error
         .unwrap();
     let _ = driver.drive_until_blocked(Timestamp::ZERO, &mut Discard);
     let mut rows = StateCodec::new()
-        .encode(&driver.take_changes(Timestamp::ZERO))
+        .encode(&driver.take_changes(Timestamp::ZERO).to_owned_changes())
         .unwrap();
     rows.meta.retain(|(k, _)| !k.starts_with(TEMPLATE_PREFIX));
     journal.commit(&rows).unwrap();
@@ -186,7 +190,7 @@ fn a_change_set_borrowed_from_the_driver_encodes_to_the_rows_of_its_owned_form()
                 },
             )
             .unwrap();
-        let view = driver.take_change_view(now);
+        let view = driver.take_changes(now);
         let owned = view.to_owned_changes();
         let borrowed_rows = borrowed_codec.encode_view(&view).unwrap();
         drop(view);
@@ -207,7 +211,7 @@ fn a_change_set_borrowed_from_the_driver_encodes_to_the_rows_of_its_owned_form()
     // drifted templates and removed nodes.
     assert!(rows_seen >= 14, "only {rows_seen} rows compared");
     assert!(
-        driver.take_change_view(now).is_empty(),
+        driver.take_changes(now).is_empty(),
         "a view takes the changes"
     );
 }

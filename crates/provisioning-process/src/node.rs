@@ -4,17 +4,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use provisioning::observe::LossCause;
 use provisioning_provider::{AttemptKey, PluginError};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdout};
 use tokio::sync::watch;
 
-use crate::os;
 use crate::state::{Life, SessionState, Shared};
-use crate::wire::{self, AgentAnnouncement};
+use provisioning_agent::codec::{MessageReader, TextLinesCodec};
+use provisioning_agent::os;
+use provisioning_agent::wire::AgentAnnouncement;
+use tokio_util::codec::FramedRead;
 
 /// How long a stop waits for the agent to exit after `SIGKILL`.
 const EXIT_AFTER_KILL_WAIT_MAX: Duration = Duration::from_secs(5);
@@ -25,7 +27,8 @@ const GROUP_GONE_WAIT_MAX: Duration = Duration::from_secs(5);
 /// How often a stop looks at `/proc` while waiting for the group to go.
 const GROUP_POLL_INTERVAL: Duration = Duration::from_millis(20);
 
-/// The longest agent output line relayed to the log; longer lines are cut.
+/// The longest agent output line relayed to the log; longer lines are cut
+/// into pieces of this size.
 const RELAYED_LINE_BYTES_MAX: usize = 4096;
 
 /// Waits for the agent to exit and records it. An exit nobody asked for is
@@ -41,8 +44,22 @@ pub(crate) async fn watch_process(
     // Unbounded by design: it ends when the process ends, and the plugin
     // ends every process it started (destroy, shutdown, drop) unless they
     // are detached, which is meant to outlive the plugin.
-    let status = child.wait().await;
-    on_exit(&shared, &key, instance, &exited, &format!("{status:?}"));
+    let status = match child.wait().await {
+        Ok(status) => describe_exit(status),
+        Err(error) => format!("cannot be waited for: {error}"),
+    };
+    on_exit(&shared, &key, instance, &exited, &status);
+}
+
+/// How a process ended, in words: `exited with status 3`, `killed by
+/// signal 9`.
+pub(crate) fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => "ended abnormally".to_owned(),
+    }
 }
 
 /// How often the exit of an adopted agent (not this process's child, so
@@ -74,7 +91,7 @@ pub(crate) async fn watch_adopted(
             () = tokio::time::sleep(ADOPTED_POLL_INTERVAL) => {}
         }
     }
-    on_exit(&shared, &key, instance, &exited, "gone from /proc");
+    on_exit(&shared, &key, instance, &exited, "is gone from /proc");
 }
 
 /// Records the exit of instance `instance` of `key`'s agent.
@@ -98,7 +115,11 @@ fn on_exit(
     };
     let _ = exited.send(true);
     if before == Some(Life::Running) && !shared.is_closing() {
-        tracing::warn!(node = %key, %status, "node agent exited unexpectedly");
+        tracing::warn!(
+            "node {} (attempt {}) lost: its agent {status}",
+            key.node,
+            key.attempt.get()
+        );
         // The group leader is reaped, so its id may be reused: find what is
         // left of the group by its tags instead of signalling the id.
         //
@@ -112,7 +133,7 @@ fn on_exit(
         }
         shared.report_lost(key, LossCause::LeaseGone);
     } else {
-        tracing::debug!(node = %key, %status, "node agent exited");
+        tracing::debug!(node = %key, "node agent {status}");
     }
 }
 
@@ -124,8 +145,8 @@ pub(crate) async fn read_announcement(
     instance: u64,
     stdout: ChildStdout,
 ) {
-    let mut reader = BufReader::new(stdout);
-    match wire::read_message::<AgentAnnouncement, _>(&mut reader).await {
+    let mut reader = MessageReader::<AgentAnnouncement, _>::new(stdout);
+    match reader.next().await {
         Ok(Some(AgentAnnouncement::Listening { address, pid })) if address.ip().is_loopback() => {
             tracing::debug!(node = %key, %address, pid, "node agent listening");
             if let Some(entry) = shared
@@ -149,28 +170,51 @@ pub(crate) async fn read_announcement(
     }
     // Nothing else is expected here; draining keeps the agent from blocking.
     let mut sink = tokio::io::sink();
-    let _ = tokio::io::copy(&mut reader, &mut sink).await;
+    let _ = tokio::io::copy(&mut reader.into_inner(), &mut sink).await;
 }
 
 /// Relays the agent's (and its workload's) diagnostics to this process's log.
 pub(crate) async fn relay_output(key: AttemptKey, stderr: ChildStderr) {
-    let mut reader = BufReader::new(stderr);
-    let mut line = Vec::new();
-    let limit = u64::try_from(RELAYED_LINE_BYTES_MAX).unwrap_or(u64::MAX);
-    loop {
-        line.clear();
-        match (&mut reader).take(limit).read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+    let mut lines = FramedRead::new(stderr, TextLinesCodec::new(RELAYED_LINE_BYTES_MAX));
+    // Bounded by the agent's life: it ends when the pipe closes.
+    while let Some(Ok(line)) = lines.next().await {
+        relay_line(&key, line.trim_end());
+    }
+}
+
+/// The level an agent's log line carries, and the line without it. Lines
+/// without a level (the workload's own output) are `None`.
+fn split_level(text: &str) -> (Option<tracing::Level>, &str) {
+    let trimmed = text.trim_start();
+    let (first, rest) = trimmed
+        .split_once(char::is_whitespace)
+        .unwrap_or((trimmed, ""));
+    let level = match first {
+        "ERROR" => tracing::Level::ERROR,
+        "WARN" => tracing::Level::WARN,
+        "INFO" => tracing::Level::INFO,
+        "DEBUG" => tracing::Level::DEBUG,
+        "TRACE" => tracing::Level::TRACE,
+        _ => return (None, text),
+    };
+    (Some(level), rest.trim_start())
+}
+
+/// Logs one line of an agent's output once: at the level the line carries
+/// (without repeating it), so a warning of the agent reads as one warning
+/// of the node. Its informational lines and the workload's output go to
+/// debug level.
+fn relay_line(key: &AttemptKey, text: &str) {
+    const TARGET: &str = "provisioning_process::node";
+    match split_level(text) {
+        (Some(tracing::Level::ERROR), line) => {
+            tracing::error!(target: TARGET, "node {}'s agent: {line}", key.node);
         }
-        let text = String::from_utf8_lossy(&line);
-        let text = text.trim_end();
-        let first = text.split_whitespace().next().unwrap_or("");
-        if first == "ERROR" || first == "WARN" {
-            tracing::warn!(target: "provisioning_process::node", node = %key, "{text}");
-        } else {
-            tracing::debug!(target: "provisioning_process::node", node = %key, "{text}");
+        (Some(tracing::Level::WARN), line) => {
+            tracing::warn!(target: TARGET, "node {}'s agent: {line}", key.node);
         }
+        (Some(_), line) => tracing::debug!(target: TARGET, node = %key, "agent: {line}"),
+        (None, line) => tracing::debug!(target: TARGET, node = %key, "output: {line}"),
     }
 }
 
@@ -239,7 +283,7 @@ async fn signal_group(shared: &Shared, key: &AttemptKey, group: i32, signal: Sig
             os::signal_processes(&left, signal);
         }
     } else if let Err(error) = killpg(Pid::from_raw(group), signal) {
-        tracing::debug!(node = %key, group, %error, ?signal, "cannot signal node group");
+        tracing::debug!(node = %key, group, %error, signal = signal.as_str(), "cannot signal node group");
     }
 }
 
@@ -297,4 +341,27 @@ async fn kill_strays(shared: &Shared, key: &AttemptKey) -> Result<(), PluginErro
         tracing::warn!(node = %key, count = strays.len(), "killing stray processes of an unknown node");
     }
     kill_until_gone(shared, key, "stray process(es)", Left::Node(key)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_level;
+
+    #[test]
+    fn a_relayed_agent_line_loses_its_level_word() {
+        let (level, line) = split_level("WARN stopping the node reason=\"x\"");
+        assert_eq!(level, Some(tracing::Level::WARN));
+        assert_eq!(line, "stopping the node reason=\"x\"");
+        let (level, line) = split_level(" INFO boot order accepted");
+        assert_eq!(level, Some(tracing::Level::INFO));
+        assert_eq!(line, "boot order accepted");
+        assert_eq!(
+            split_level("hello from the workload"),
+            (None, "hello from the workload")
+        );
+        assert_eq!(
+            split_level("WARNING: a workload's own word"),
+            (None, "WARNING: a workload's own word")
+        );
+    }
 }

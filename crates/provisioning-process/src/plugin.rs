@@ -26,15 +26,15 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
-use crate::agent::env as agent_env;
-use crate::credential::RunSecret;
 use crate::node;
-use crate::os;
 use crate::session::{self, Handshake, SessionCommand, SessionSetup};
 use crate::spawner::Spawner;
 use crate::state::{Life, NodeEntry, SessionRecord, SessionState, Shared};
 use crate::swarm;
-use crate::wire::{BootOrder, JoinOrder, PROTOCOL_VERSION};
+use provisioning_agent::agent::env as agent_env;
+use provisioning_agent::credential::RunSecret;
+use provisioning_agent::os;
+use provisioning_agent::wire::{BootOrder, JoinOrder, PROTOCOL_VERSION};
 
 /// The provider kind this plugin serves.
 pub const PROVIDER_KIND: &str = "process";
@@ -80,7 +80,7 @@ pub enum ProcessError {
 
 /// How to start a node agent: a program and its leading arguments.
 ///
-/// The command must end up in [`crate::agent::main`]; for example the
+/// The command must end up in [`provisioning_agent::agent::main`]; for example the
 /// `provision` binary with `["agent"]`, or `provision-node-agent` with no
 /// arguments. The plugin adds no arguments of its own: it configures the
 /// agent through the environment.

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use provisioning::RunId;
 
-use crate::os::{self, OsError, TaggedProcess};
+use provisioning_agent::os::{self, OsError, TaggedProcess};
 
 /// What one scan found.
 pub(crate) struct Scan {

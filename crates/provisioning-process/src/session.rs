@@ -12,14 +12,14 @@ use std::time::Duration;
 use provisioning::observe::BootstrapEvent;
 use provisioning::state::{BootstrapFailure, BootstrapProgress};
 use provisioning_provider::AttemptKey;
-use tokio::io::BufReader;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
 use crate::state::{SessionState, Shared};
-use crate::wire::{self, BootOrder, ControlReply, ControlRequest, FailureStage, WireError};
+use provisioning_agent::codec::{CodecError, MessageReader, write_message};
+use provisioning_agent::wire::{self, BootOrder, ControlReply, ControlRequest, FailureStage};
 
 /// How many commands (close) may wait for a session task.
 pub(crate) const SESSION_COMMANDS_MAX: usize = 4;
@@ -108,7 +108,7 @@ pub(crate) async fn run(
     let _reader = AbortOnDrop(tokio::spawn(read_replies(read, replies_tx)).abort_handle());
 
     let boot = ControlRequest::Boot(Box::new(order));
-    if let Err(error) = wire::write_message(&mut write, &boot).await {
+    if let Err(error) = write_message(&mut write, &boot).await {
         return session.break_off(&handshake, format!("cannot send the boot order: {error}"));
     }
     match hand_over(&mut replies).await {
@@ -141,7 +141,7 @@ async fn connect(endpoint: SocketAddr) -> Result<TcpStream, String> {
 }
 
 /// Waits for the agent's answer to the boot order.
-async fn hand_over(replies: &mut mpsc::Receiver<Result<ControlReply, WireError>>) -> Handshake {
+async fn hand_over(replies: &mut mpsc::Receiver<Result<ControlReply, CodecError>>) -> Handshake {
     match tokio::time::timeout(AGENT_SILENCE_MAX, replies.recv()).await {
         Ok(Some(Ok(ControlReply::Accepted))) => Handshake::Accepted,
         Ok(Some(Ok(ControlReply::Resumed))) => Handshake::Resumed,
@@ -176,7 +176,13 @@ impl Session {
     /// The order was certainly not taken: forget the session, so that a retry
     /// starts afresh, and settle the handshake.
     fn refuse(&self, handshake: &watch::Sender<Handshake>, outcome: Handshake) {
-        tracing::warn!(node = %self.key, ?outcome, "bootstrap not started");
+        let why = match &outcome {
+            Handshake::Refused(reason)
+            | Handshake::ConnectFailed(reason)
+            | Handshake::Broken(reason) => reason.as_str(),
+            Handshake::Pending | Handshake::Accepted | Handshake::Resumed => "no answer",
+        };
+        tracing::warn!("bootstrap of {} not started: {why}", self.key);
         self.shared.forget_session(&self.key, self.serial);
         let _ = handshake.send(outcome);
     }
@@ -197,7 +203,7 @@ impl Session {
     async fn follow(
         &self,
         write: &mut OwnedWriteHalf,
-        replies: &mut mpsc::Receiver<Result<ControlReply, WireError>>,
+        replies: &mut mpsc::Receiver<Result<ControlReply, CodecError>>,
         mut commands: mpsc::Receiver<SessionCommand>,
     ) {
         loop {
@@ -215,13 +221,13 @@ impl Session {
                 }
                 command = commands.recv() => match command {
                     Some(SessionCommand::Close) => {
-                        if let Err(error) = wire::write_message(write, &ControlRequest::Close).await {
+                        if let Err(error) = write_message(write, &ControlRequest::Close).await {
                             tracing::debug!(node = %self.key, %error, "agent gone before the close");
                         }
                         return;
                     }
                     Some(SessionCommand::Cancel) => {
-                        if let Err(error) = wire::write_message(write, &ControlRequest::Cancel).await {
+                        if let Err(error) = write_message(write, &ControlRequest::Cancel).await {
                             tracing::debug!(node = %self.key, %error, "agent gone before the cancel");
                         }
                         return;
@@ -252,7 +258,7 @@ impl Session {
                 );
                 // The go-ahead follows the report, so Joined can never be
                 // reported before WaitingForJoin.
-                if let Err(error) = wire::write_message(write, &ControlRequest::Join).await {
+                if let Err(error) = write_message(write, &ControlRequest::Join).await {
                     self.broken(format!("cannot send the join go-ahead: {error}"));
                     return false;
                 }
@@ -307,11 +313,14 @@ impl Session {
 
 /// Forwards the agent's replies; ends at the end of the stream or at the
 /// first error (which it forwards).
-async fn read_replies(read: OwnedReadHalf, replies: mpsc::Sender<Result<ControlReply, WireError>>) {
-    let mut reader = BufReader::new(read);
+async fn read_replies(
+    read: OwnedReadHalf,
+    replies: mpsc::Sender<Result<ControlReply, CodecError>>,
+) {
+    let mut reader = MessageReader::<ControlReply, _>::new(read);
     // Bounded by the connection: it ends with the stream or the first error.
     loop {
-        let message = wire::read_message::<ControlReply, _>(&mut reader).await;
+        let message = reader.next().await;
         let (forward, stop) = match message {
             Ok(Some(reply)) => (Ok(reply), false),
             Ok(None) => return,

@@ -19,10 +19,10 @@ use provisioning_provider::{AttemptKey, ObservationSink};
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
-use crate::credential::RunSecret;
 use crate::plugin::{AgentCommand, AgentLifetime, ProcessPluginConfig};
 use crate::scan::ProcScanner;
 use crate::session::{Handshake, SessionCommand};
+use provisioning_agent::credential::RunSecret;
 
 /// Whether a node's agent process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,7 +199,8 @@ impl Shared {
         if self.is_closing() {
             return;
         }
-        tracing::info!(node = %key, %cause, "node lost");
+        // Whoever saw the loss logged it in words already.
+        tracing::debug!(node = %key, %cause, "reporting the node lost");
         if let Some(sink) = self.sink() {
             sink.lost(key, cause);
         }

@@ -8,13 +8,14 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
-use provisioning_process::agent::env as agent_env;
-use provisioning_process::os;
-use provisioning_process::wire::{
+use provisioning_agent::agent::env as agent_env;
+use provisioning_agent::codec::{self, MessageReader};
+use provisioning_agent::os;
+use provisioning_agent::wire::{
     self, BootOrder, ControlReply, ControlRequest, JoinOrder, PROTOCOL_VERSION,
 };
 use provisioning_provider::{AttemptKey, BootstrapRequest, ProvisionPlugin};
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 fn order_for(key: &AttemptKey, swarm: std::net::SocketAddr) -> BootOrder {
@@ -43,8 +44,8 @@ async fn first_reply(endpoint: &str, bytes: &[u8]) -> Option<ControlReply> {
     let stream = TcpStream::connect(endpoint).await.unwrap();
     let (read, mut write) = stream.into_split();
     let _ = write.write_all(bytes).await;
-    let mut read = BufReader::new(read);
-    tokio::time::timeout(WAIT_MAX, wire::read_message::<ControlReply, _>(&mut read))
+    let mut read = MessageReader::new(read);
+    tokio::time::timeout(WAIT_MAX, read.next())
         .await
         .expect("the agent answers in time")
         .ok()
@@ -74,18 +75,18 @@ async fn bad_control_input_is_refused_and_the_agent_still_boots_once() {
     let mut unknown_user = order_for(&key, swarm);
     unknown_user.user = "no-such-user-here".to_owned();
     let encode =
-        |order: BootOrder| wire::encode_message(&ControlRequest::Boot(Box::new(order))).unwrap();
+        |order: BootOrder| codec::encode_message(&ControlRequest::Boot(Box::new(order))).unwrap();
     let inputs: Vec<(&str, Vec<u8>)> = vec![
         ("not json", b"boot please\n".to_vec()),
         (
             "not a boot order",
-            wire::encode_message(&ControlRequest::Join).unwrap(),
+            codec::encode_message(&ControlRequest::Join).unwrap(),
         ),
         ("another node's order", encode(other_node)),
         ("an off-machine swarm", encode(off_machine)),
         ("a bad credential", encode(bad_credential)),
         ("an unknown user", encode(unknown_user)),
-        ("an oversized line", vec![b'{'; wire::MAX_LINE_BYTES + 1]),
+        ("an oversized line", vec![b'{'; codec::LINE_BYTES_MAX + 1]),
     ];
     for (what, bytes) in inputs {
         let reply = first_reply(&endpoint.0, &bytes).await;
@@ -219,18 +220,14 @@ async fn an_agent_whose_join_is_rejected_reports_a_join_failure() {
     // The test boots the agent itself, with a credential the swarm refuses.
     let stream = TcpStream::connect(&endpoint.0).await.unwrap();
     let (read, mut write) = stream.into_split();
-    let mut read = BufReader::new(read);
+    let mut read = MessageReader::new(read);
     let order = order_for(&key, plugin.swarm_address());
-    wire::write_message(&mut write, &ControlRequest::Boot(Box::new(order)))
+    codec::write_message(&mut write, &ControlRequest::Boot(Box::new(order)))
         .await
         .unwrap();
     let mut replies = Vec::new();
     for _ in 0..4 {
-        replies.push(
-            wire::read_message::<ControlReply, _>(&mut read)
-                .await
-                .unwrap(),
-        );
+        replies.push(read.next().await.unwrap());
     }
     assert_eq!(
         replies,
@@ -247,12 +244,10 @@ async fn an_agent_whose_join_is_rejected_reports_a_join_failure() {
             }),
         ]
     );
-    wire::write_message(&mut write, &ControlRequest::Join)
+    codec::write_message(&mut write, &ControlRequest::Join)
         .await
         .unwrap();
-    let failure = wire::read_message::<ControlReply, _>(&mut read)
-        .await
-        .unwrap();
+    let failure = read.next().await.unwrap();
     let Some(ControlReply::Failed { stage, detail }) = failure else {
         panic!("expected a join failure, got {failure:?}");
     };

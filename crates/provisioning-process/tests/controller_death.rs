@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use provisioning::RunId;
 use provisioning::state::BootstrapProgress;
-use provisioning_process::os;
+use provisioning_agent::os;
 use provisioning_provider::ProvisionPlugin;
 
 const TEST_NAME: &str = "killing_the_controller_mid_bring_up_leaves_no_node_process";

@@ -16,7 +16,8 @@ use common::*;
 use provisioning::observe::BootstrapEvent;
 use provisioning::state::BootstrapProgress;
 use provisioning::{EndpointLookup, RunId};
-use provisioning_process::{ProcessPlugin, RunSecret, os};
+use provisioning_agent::{RunSecret, os};
+use provisioning_process::ProcessPlugin;
 use provisioning_provider::{AttemptKey, BootstrapRequest, ProvisionPlugin};
 
 async fn detached_plugin(run: &RunId, log_dir: &Path) -> (Arc<ProcessPlugin>, Recorder) {

@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use provisioning::RunId;
 use provisioning::{EndpointLookup, LogicalNodeSpec};
-use provisioning_process::{ProcessPlugin, os};
+use provisioning_agent::os;
+use provisioning_process::ProcessPlugin;
 use provisioning_provider::{AttemptKey, BootstrapRequest, ProvisionPlugin};
 
 const TEST_NAME: &str = "detached_agents_survive_sigkill_of_their_controller_and_a_restarted_plugin_adopts_them_without_restarting_workloads";

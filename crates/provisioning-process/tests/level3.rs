@@ -30,13 +30,13 @@ mod level3;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use level3::{Defect, Level3, ProcessSubstrate, RUN_GONE_WAIT_MAX, contract_subject};
+use level3::{Defect, Level3, ProcessSubstrate, ProcessWorld, RUN_GONE_WAIT_MAX, contract_subject};
+use provisioning_agent::os;
 use provisioning_conformance::contract::run_contract_suite;
 use provisioning_conformance::level3::{
-    FaultCounts, Level3Battery, RunsGuard, describe, temp_sqlite_journal,
+    FaultCounts, Level3Battery, RunsGuard, assert_clean_run, assert_leak_caught, describe,
+    temp_sqlite_journal,
 };
-use provisioning_conformance::{GuaranteeId, Mode, RunOptions, Trace, cluster_driver, run_trace};
-use provisioning_process::os;
 
 /// The base from which Level 3 derives its seeds.
 const LEVEL3_SEED_BASE: u64 = 0x1E7E_3000_C0DE_0003;
@@ -111,6 +111,15 @@ fn assert_no_process_of_any_run(context: &Level3) {
     }
 }
 
+/// Vacuity counts this battery does not require, and why.
+const NOT_REACHED: [(&str, &str); 1] = [(
+    "adoption after recovery",
+    "timing-dependent here: it needs an operation still pending at a crash to be answered by \
+     adoption, and whether a real agent's start is still in flight at the crash depends on the \
+     machine's load (reached in 2 of 3 runs on a loaded machine, before and after the 100 ms \
+     start check); the count is printed, and the detached e2e tests adopt after a real kill -9",
+)];
+
 fn battery() -> Level3Battery {
     Level3Battery::new(
         "level 3 (ProcessPlugin, real processes)",
@@ -120,6 +129,7 @@ fn battery() -> Level3Battery {
         LEVEL3_SHRINK_BUDGET,
     )
     .journal(temp_sqlite_journal)
+    .waive(&NOT_REACHED)
     .written_traces(&WRITTEN_TRACES)
     .unwrap_or_else(|error| panic!("{error}"))
 }
@@ -162,33 +172,17 @@ fn level_3_battery_keeps_every_guarantee_with_real_processes_over_16_seeds_in_bo
 fn level_3_counts_live_processes_from_the_operating_system_not_from_the_plugin() {
     let context = Arc::new(Level3::new("defect", common::AGENT));
     let _guard = RunsGuard::new(&context);
-    let trace: Trace = SCALE_DOWN_TRACE.parse().expect("the trace parses");
     // A clean run of the same trace converges and leaks nothing.
-    let clean = run_trace(
-        ProcessSubstrate::new(context.clone()),
-        &cluster_driver,
-        &trace,
-        RunOptions::new(Mode::Fair),
-    );
-    assert_eq!(clean.violation, None);
-    assert!(clean.converged);
+    assert_clean_run::<ProcessWorld>(&context, SCALE_DOWN_TRACE);
     // A process tagged as the destroyed node, outside its process group, is
     // a leaked lease the plugin never heard of; /proc shows it.
-    let leaky = run_trace(
-        ProcessSubstrate::with_defect(context.clone(), Some(Defect::DestroyLeavesStray)),
-        &cluster_driver,
-        &trace,
-        RunOptions::new(Mode::Fair),
+    assert_leak_caught::<ProcessWorld>(
+        &context,
+        Defect::DestroyLeavesStray,
+        SCALE_DOWN_TRACE,
+        "a process",
+        "a-1/a2",
     );
-    let violation = leaky
-        .violation
-        .expect("a process left behind by a destroy must break a guarantee");
-    assert_eq!(
-        violation.guarantee,
-        GuaranteeId::ConvergedLeaksNothing,
-        "{violation:?}"
-    );
-    assert!(violation.detail.contains("a-1/a2"), "{violation:?}");
     // Teardown finds the stray the plugin's shutdown could not know about.
     assert_eq!(context.survivors().len(), 1, "{:#?}", context.survivors());
     assert_no_process_of_any_run(&context);

@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use provisioning::observe::{BootstrapEvent, LossCause};
 use provisioning::state::{BootstrapFailure, BootstrapProgress};
 use provisioning::{Endpoint, EndpointLookup, LeaseHandle, Observation};
-use provisioning_process::os;
+use provisioning_agent::os;
 use provisioning_process::{AgentCommand, ProcessPluginConfig};
 use provisioning_provider::{BootstrapRequest, PluginError, ProvisionPlugin};
 

@@ -11,12 +11,13 @@ use common::*;
 use provisioning::observe::{BootstrapEvent, LossCause};
 use provisioning::state::BootstrapProgress;
 use provisioning::{Endpoint, Observation, RunId};
-use provisioning_process::wire::{
-    self, ControlReply, ControlRequest, MAX_LINE_BYTES, ProgressStage, SwarmHello, SwarmReply,
+use provisioning_agent::codec::{self, MessageReader};
+use provisioning_agent::wire::{
+    self, ControlReply, ControlRequest, ProgressStage, SwarmHello, SwarmReply,
 };
-use provisioning_process::{NodeCredential, RunSecret};
+use provisioning_agent::{NodeCredential, RunSecret};
 use provisioning_provider::{AttemptKey, BootstrapRequest, ProvisionPlugin};
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 fn hello(claimed: &AttemptKey, credential: &NodeCredential) -> SwarmHello {
@@ -38,8 +39,8 @@ async fn send_raw(swarm: SocketAddr, bytes: &[u8]) -> Option<SwarmReply> {
     // The peer may close before reading everything (an oversized line).
     let _ = write.write_all(bytes).await;
     let _ = write.shutdown().await;
-    let mut read = BufReader::new(read);
-    tokio::time::timeout(WAIT_MAX, wire::read_message::<SwarmReply, _>(&mut read))
+    let mut read = MessageReader::new(read);
+    tokio::time::timeout(WAIT_MAX, read.next())
         .await
         .expect("the swarm answers or closes in time")
         .ok()
@@ -47,7 +48,7 @@ async fn send_raw(swarm: SocketAddr, bytes: &[u8]) -> Option<SwarmReply> {
 }
 
 async fn send_hello(swarm: SocketAddr, hello: &SwarmHello) -> Option<SwarmReply> {
-    send_raw(swarm, &wire::encode_message(hello).unwrap()).await
+    send_raw(swarm, &codec::encode_message(hello).unwrap()).await
 }
 
 fn rejected(reply: &Option<SwarmReply>) -> bool {
@@ -83,8 +84,8 @@ async fn forged_and_misattributed_credentials_are_rejected_and_change_nothing() 
     });
     let (control, _) = fake_agent.accept().await.unwrap();
     let (read, mut write) = control.into_split();
-    let mut read = BufReader::new(read);
-    let Some(ControlRequest::Boot(order)) = wire::read_message(&mut read).await.unwrap() else {
+    let mut read = MessageReader::new(read);
+    let Some(ControlRequest::Boot(order)) = read.next().await.unwrap() else {
         panic!("expected a boot order first");
     };
     assert_eq!(
@@ -93,7 +94,7 @@ async fn forged_and_misattributed_credentials_are_rejected_and_change_nothing() 
     );
     assert_eq!(order.join.address, swarm);
     assert_eq!(order.join.credential, secret.credential(&key).to_hex());
-    wire::write_message(&mut write, &ControlReply::Accepted)
+    codec::write_message(&mut write, &ControlReply::Accepted)
         .await
         .unwrap();
     let session = start.await.unwrap().unwrap();
@@ -103,16 +104,11 @@ async fn forged_and_misattributed_credentials_are_rejected_and_change_nothing() 
         ProgressStage::AgentStarting,
         ProgressStage::WaitingForJoin,
     ] {
-        wire::write_message(&mut write, &ControlReply::Progress { stage })
+        codec::write_message(&mut write, &ControlReply::Progress { stage })
             .await
             .unwrap();
     }
-    assert_eq!(
-        wire::read_message::<ControlRequest, _>(&mut read)
-            .await
-            .unwrap(),
-        Some(ControlRequest::Join)
-    );
+    assert_eq!(read.next().await.unwrap(), Some(ControlRequest::Join));
     recorder
         .wait_for("waiting for join", |_| {
             recorder
@@ -168,7 +164,7 @@ async fn forged_and_misattributed_credentials_are_rejected_and_change_nothing() 
             "{what} credential changed something"
         );
     }
-    let long_line = vec![b'x'; MAX_LINE_BYTES + 1];
+    let long_line = vec![b'x'; codec::LINE_BYTES_MAX + 1];
     for (what, bytes) in [
         ("not json", &b"hello there\n"[..]),
         ("wrong message", &b"{\"type\":\"welcome\"}\n"[..]),
@@ -183,16 +179,11 @@ async fn forged_and_misattributed_credentials_are_rejected_and_change_nothing() 
     // The genuine hello gets in, exactly once.
     let member = TcpStream::connect(swarm).await.unwrap();
     let (member_read, mut member_write) = member.into_split();
-    let mut member_read = BufReader::new(member_read);
-    wire::write_message(&mut member_write, &hello(&key, &secret.credential(&key)))
+    let mut member_read = MessageReader::new(member_read);
+    codec::write_message(&mut member_write, &hello(&key, &secret.credential(&key)))
         .await
         .unwrap();
-    assert_eq!(
-        wire::read_message::<SwarmReply, _>(&mut member_read)
-            .await
-            .unwrap(),
-        Some(SwarmReply::Welcome)
-    );
+    assert_eq!(member_read.next().await.unwrap(), Some(SwarmReply::Welcome));
     recorder
         .wait_for("the join", |events| joined(events, &key))
         .await;
@@ -206,12 +197,7 @@ async fn forged_and_misattributed_credentials_are_rejected_and_change_nothing() 
         .complete_bootstrap(&key, Some(&session.session))
         .await
         .unwrap();
-    assert_eq!(
-        wire::read_message::<ControlRequest, _>(&mut read)
-            .await
-            .unwrap(),
-        Some(ControlRequest::Close)
-    );
+    assert_eq!(read.next().await.unwrap(), Some(ControlRequest::Close));
     assert_eq!(
         recorder.bootstrap_events(&key).last(),
         Some(&BootstrapEvent::Closed)
@@ -259,11 +245,9 @@ async fn a_malformed_message_from_the_agent_fails_the_session_with_a_stream_erro
     });
     let (control, _) = fake_agent.accept().await.unwrap();
     let (read, mut write) = control.into_split();
-    let mut read = BufReader::new(read);
-    wire::read_message::<ControlRequest, _>(&mut read)
-        .await
-        .unwrap();
-    wire::write_message(&mut write, &ControlReply::Accepted)
+    let mut read = MessageReader::<ControlRequest, _>::new(read);
+    read.next().await.unwrap();
+    codec::write_message(&mut write, &ControlReply::Accepted)
         .await
         .unwrap();
     start.await.unwrap().unwrap();

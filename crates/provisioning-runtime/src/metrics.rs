@@ -1,4 +1,4 @@
-//! What the host reports to a metrics recorder (SPEC §15).
+//! What the host reports to a metrics recorder (design §15).
 //!
 //! The host speaks only the `metrics` facade; whoever runs it installs a
 //! recorder (the CLI's `--metrics ADDR` installs a Prometheus exporter).

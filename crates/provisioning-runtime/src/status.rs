@@ -17,8 +17,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use provisioning::{
-    ClusterDriver, DriverChangesView, Generation, GroupId, Intent, LogicalNodeId, ManagedNode,
-    Timestamp,
+    ClusterDriver, Generation, GroupId, Intent, LogicalNodeId, ManagedNode, Timestamp,
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -216,6 +215,10 @@ pub struct GroupStatus {
     pub desired: u32,
     /// How many desired slots hold a ready node with the desired spec.
     pub ready: u32,
+    /// How many ready nodes of the group have an older spec and are not
+    /// being removed: during a rollout, the old nodes that still serve.
+    #[serde(default)]
+    pub ready_old: u32,
     /// Why the group starts no new attempt, while its breaker is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<String>,
@@ -290,6 +293,7 @@ impl StatusSnapshot {
         let desired = driver.desired();
         let state = driver.state();
         let mut ready_by_group: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut old_by_group: BTreeMap<&str, u32> = BTreeMap::new();
         let nodes = state
             .nodes
             .iter()
@@ -297,6 +301,8 @@ impl StatusSnapshot {
                 let is_desired = desired.is_desired_spec(&node.spec);
                 if is_desired && node.is_ready() {
                     *ready_by_group.entry(id.group().as_str()).or_default() += 1;
+                } else if serves_old_spec(node, is_desired) {
+                    *old_by_group.entry(id.group().as_str()).or_default() += 1;
                 }
                 let mut status = node_status(id, node, is_desired);
                 if let Some(history) = driver.history(id).filter(|_| history) {
@@ -316,7 +322,10 @@ impl StatusSnapshot {
             })
             .collect();
         let groups = group_statuses(driver, uptime_ms, |id| {
-            ready_by_group.get(id.as_str()).copied().unwrap_or(0)
+            (
+                ready_by_group.get(id.as_str()).copied().unwrap_or(0),
+                old_by_group.get(id.as_str()).copied().unwrap_or(0),
+            )
         });
         StatusSnapshot {
             run_id: driver.run_id().to_string(),
@@ -359,30 +368,40 @@ impl StatusSnapshot {
     }
 }
 
-/// One entry per desired group, in name order, with the ready count
-/// `ready` gives for each.
+/// Whether `node` is a ready node of an older spec that is not being
+/// removed: one that still serves while a rollout replaces it.
+fn serves_old_spec(node: &ManagedNode, is_desired: bool) -> bool {
+    !is_desired && node.is_ready() && node.intent != Intent::Deleting
+}
+
+/// One entry per desired group, in name order, with the ready counts
+/// (desired spec, older spec) `ready` gives for each.
 fn group_statuses(
     driver: &ClusterDriver,
     uptime_ms: u64,
-    ready: impl Fn(&GroupId) -> u32,
+    ready: impl Fn(&GroupId) -> (u32, u32),
 ) -> Vec<GroupStatus> {
     let now = Timestamp::from_millis(uptime_ms);
     driver
         .desired()
         .groups()
         .iter()
-        .map(|(id, group)| GroupStatus {
-            id: id.to_string(),
-            provider: group.template().provider.clone(),
-            desired: group.count(),
-            ready: ready(id),
-            paused: driver.open_breaker(id, now).map(|b| {
-                format!(
-                    "group {id} paused after {} failed attempts: {}",
-                    b.consecutive_failures,
-                    b.last_error.as_deref().unwrap_or("no reason recorded")
-                )
-            }),
+        .map(|(id, group)| {
+            let (ready, ready_old) = ready(id);
+            GroupStatus {
+                id: id.to_string(),
+                provider: group.template().provider.clone(),
+                desired: group.count(),
+                ready,
+                ready_old,
+                paused: driver.open_breaker(id, now).map(|b| {
+                    format!(
+                        "group {id} paused after {} failed attempts: {}",
+                        b.consecutive_failures,
+                        b.last_error.as_deref().unwrap_or("no reason recorded")
+                    )
+                }),
+            }
         })
         .collect()
 }
@@ -414,6 +433,8 @@ pub(crate) struct Progress {
 struct Counts {
     /// Per group: desired slots holding a ready node with the desired spec.
     ready: BTreeMap<GroupId, u32>,
+    /// Per group: ready nodes of an older spec not being removed.
+    ready_old: BTreeMap<GroupId, u32>,
     /// Nodes desired with their spec, ready, with no operation pending: all
     /// of them are, whenever the driver is converged.
     settled: usize,
@@ -421,6 +442,14 @@ struct Counts {
 
 impl Counts {
     fn add(&mut self, id: &LogicalNodeId, status: &NodeStatus) {
+        if shows_old_spec(status) {
+            match self.ready_old.get_mut(id.group()) {
+                Some(old) => *old = old.saturating_add(1),
+                None => {
+                    self.ready_old.insert(id.group().clone(), 1);
+                }
+            }
+        }
         if !(status.desired && status.ready) {
             return;
         }
@@ -436,6 +465,11 @@ impl Counts {
     }
 
     fn remove(&mut self, id: &LogicalNodeId, status: &NodeStatus) {
+        if shows_old_spec(status)
+            && let Some(old) = self.ready_old.get_mut(id.group())
+        {
+            *old = old.saturating_sub(1);
+        }
         if !(status.desired && status.ready) {
             return;
         }
@@ -449,22 +483,6 @@ impl Counts {
 }
 
 impl Progress {
-    /// Notes the nodes `changes` names (inserted, changed or removed).
-    pub(crate) fn note_changes(&mut self, changes: &DriverChangesView<'_>) {
-        if self.generation.is_none() {
-            // A whole build comes next anyway.
-            return;
-        }
-        for entry in &changes.upserts {
-            if !self.changed.contains(entry.node.node) {
-                self.changed.insert(entry.node.node.clone());
-            }
-        }
-        for id in &changes.removed {
-            self.changed.insert(id.clone());
-        }
-    }
-
     /// Notes the nodes in `changed` (inserted, changed or removed).
     pub(crate) fn note_nodes(&mut self, mut changed: BTreeSet<LogicalNodeId>) {
         if self.generation.is_none() {
@@ -504,7 +522,10 @@ impl Progress {
             && count(self.counts.settled) == desired_count
             && driver.is_converged();
         let groups = group_statuses(driver, uptime_ms, |id| {
-            self.counts.ready.get(id).copied().unwrap_or(0)
+            (
+                self.counts.ready.get(id).copied().unwrap_or(0),
+                self.counts.ready_old.get(id).copied().unwrap_or(0),
+            )
         });
         StatusSnapshot {
             run_id: driver.run_id().to_string(),
@@ -603,6 +624,12 @@ fn node_name(id: &LogicalNodeId) -> String {
         name.push(char::from(digit));
     }
     name
+}
+
+/// Whether `status` shows a ready node of an older spec that is not being
+/// removed (as [`serves_old_spec`] says of its node).
+fn shows_old_spec(status: &NodeStatus) -> bool {
+    !status.desired && status.ready && !status.deleting
 }
 
 /// Whether `status` already shows `node` as [`node_status`] would build it

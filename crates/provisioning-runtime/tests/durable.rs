@@ -1,4 +1,4 @@
-//! A host that keeps durable state (SPEC §13): journaled before dispatch,
+//! A host that keeps durable state (design §13): journaled before dispatch,
 //! resumed after a crash, orphans collected, clean teardown marked clean.
 
 mod common;

@@ -16,7 +16,7 @@ use provisioning::{
     BootParams, EndpointLookup, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeTemplate,
     Observation, ProviderShape, RunId, SwarmJoinTemplate,
 };
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_provider::{AttemptKey, BootstrapRequest, ObservationSink, ProvisionPlugin};
 use provisioning_slurm::testbed::Testbed;
 use provisioning_slurm::{SlurmPlugin, SlurmPluginConfig};

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use provisioning::RunId;
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use serde::Deserialize;
 
 /// The default bound on one Slurm command (`sbatch`, `squeue`, `scancel`).
@@ -195,7 +195,7 @@ impl SlurmPluginConfig {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             watch_interval: DEFAULT_WATCH_INTERVAL,
             gone_wait: DEFAULT_GONE_WAIT,
-            rejoin_grace: provisioning_process::remote::DEFAULT_REJOIN_GRACE,
+            rejoin_grace: provisioning_agent::remote::DEFAULT_REJOIN_GRACE,
         }
     }
 }

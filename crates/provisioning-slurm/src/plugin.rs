@@ -7,19 +7,22 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use provisioning::effect::SessionHandle;
 use provisioning::observe::{BootstrapEvent, LossCause};
 use provisioning::state::{BootstrapFailure, BootstrapProgress};
 use provisioning::{Endpoint, EndpointLookup, LeaseHandle, LogicalNodeSpec, RunId};
-use provisioning_process::remote::{RemoteError, RemoteEvent, RemoteSwarm, RemoteSwarmConfig};
-use provisioning_process::wire::{
+use provisioning_agent::codec::{LINE_BYTES_MAX, LossyLine, LossyLinesCodec};
+use provisioning_agent::remote::{RemoteError, RemoteEvent, RemoteSwarm, RemoteSwarmConfig};
+use provisioning_agent::wire::{
     BootOrder, ControlReply, FailureStage, JoinOrder, PROTOCOL_VERSION, ProgressStage,
 };
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, ListedNode, NodeLease, ObservationSink,
     PluginError, ProvisionPlugin,
 };
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::codec::FramedRead;
 
 use crate::cli::{CommandFailure, CommandOutput, SlurmCli, SystemCli, Tool};
 use crate::config::{GroupShape, SlurmPluginConfig};
@@ -794,11 +797,22 @@ async fn follow(
         String::from_utf8_lossy(&tail).trim().to_owned()
     });
     if let Some(stdout) = stdout {
-        let mut lines = BufReader::new(stdout).lines();
+        // The agent writes one `ControlReply` a line. A line that is not
+        // one (too long, not JSON, not a reply) is logged and skipped, so
+        // lines are read with the lossy codec rather than `MessageReader`,
+        // which would stop at the first.
+        let mut lines = FramedRead::new(stdout, LossyLinesCodec::new(LINE_BYTES_MAX));
         // Bounded by the step's output: it ends with the step.
-        while let Ok(Some(line)) = lines.next_line().await {
+        while let Some(Ok(line)) = lines.next().await {
             let Some(shared) = shared.upgrade() else {
                 return;
+            };
+            let line = match line {
+                LossyLine::Text(text) => String::from_utf8_lossy(&text).into_owned(),
+                LossyLine::TooLong(length) => {
+                    tracing::debug!(node = %key, "agent step output: a line of {length} bytes, not shown");
+                    continue;
+                }
             };
             match serde_json::from_str::<ControlReply>(line.trim()) {
                 Ok(ControlReply::Progress { stage }) => {

@@ -40,12 +40,13 @@ mod level3;
 use std::sync::Arc;
 use std::time::Instant;
 
-use level3::{Defect, Level3, SlurmSubstrate};
+use level3::{Defect, Level3, SlurmSubstrate, SlurmWorld};
+use provisioning_conformance::Mode;
 use provisioning_conformance::generate::GeneratorConfig;
 use provisioning_conformance::level3::{
-    FaultCounts, Level3Battery, RunsGuard, describe, temp_sqlite_journal,
+    FaultCounts, Level3Battery, RunsGuard, assert_clean_run, assert_leak_caught, describe,
+    temp_sqlite_journal,
 };
-use provisioning_conformance::{GuaranteeId, Mode, RunOptions, Trace, cluster_driver, run_trace};
 
 /// The base from which Level 3 over Slurm derives its seeds.
 const LEVEL3_SEED_BASE: u64 = 0x1E7E_3000_51A2_0003;
@@ -183,32 +184,16 @@ fn level_3_battery_keeps_every_guarantee_on_a_real_slurm_cluster_over_6_seeds_in
 fn level_3_counts_live_jobs_from_squeue_not_from_the_plugin() {
     let context = Arc::new(Level3::new("defect", 4));
     let _guard = RunsGuard::new(&context);
-    let trace: Trace = SCALE_DOWN_TRACE.parse().expect("the trace parses");
     // A clean run of the same trace converges and leaks nothing.
-    let clean = run_trace(
-        SlurmSubstrate::new(context.clone()),
-        &cluster_driver,
-        &trace,
-        RunOptions::new(Mode::Fair),
-    );
-    assert_eq!(clean.violation, None);
-    assert!(clean.converged);
+    assert_clean_run::<SlurmWorld>(&context, SCALE_DOWN_TRACE);
     // A destroy that answers success without reaching Slurm leaves a job
     // the driver and the plugin believe gone; squeue shows it.
-    let leaky = run_trace(
-        SlurmSubstrate::with_defect(context.clone(), Some(Defect::DestroyIsSkipped)),
-        &cluster_driver,
-        &trace,
-        RunOptions::new(Mode::Fair),
+    assert_leak_caught::<SlurmWorld>(
+        &context,
+        Defect::DestroyIsSkipped,
+        SCALE_DOWN_TRACE,
+        "a job",
+        "a-1/a2",
     );
-    let violation = leaky
-        .violation
-        .expect("a job left behind by a destroy must break a guarantee");
-    assert_eq!(
-        violation.guarantee,
-        GuaranteeId::ConvergedLeaksNothing,
-        "{violation:?}"
-    );
-    assert!(violation.detail.contains("a-1/a2"), "{violation:?}");
     assert_no_job_of_any_run(&context);
 }

@@ -20,6 +20,13 @@
 //!
 //! Run it (as root) with `cargo bench -p provisioning-ssh --bench
 //! ssh_bring_up`, options after `--`: `--hosts 16`, `--reps 3`.
+//!
+//! `--cold FULL SLIM` measures instead what the agent's size costs a fleet
+//! whose hosts have no agent yet: the reconciler variant twice, once
+//! shipping `FULL` (the whole `provision` binary, run as `provision agent`)
+//! and once `SLIM` (`provision-agent`), with every host's agent store
+//! emptied before each sample, interleaved the same way. Build both first:
+//! `cargo build --release --bin provision --bin provision-agent`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -37,7 +44,7 @@ use provisioning::{
     BootParams, EndpointLookup, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeGroup,
     NodeTemplate, Observation, ProviderShape, RetryPolicy, RunId, SwarmJoinTemplate,
 };
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_provider::{AttemptKey, BootstrapRequest, ObservationSink, ProvisionPlugin};
 use provisioning_runtime::{Host, HostConfig, PluginEntry};
 use provisioning_ssh::SshPlugin;
@@ -61,13 +68,36 @@ enum Variant {
     Reconciler,
 }
 
+/// The agent a sample ships to the hosts: the program and its arguments.
+#[derive(Clone, Debug)]
+struct AgentProgram {
+    program: String,
+    args: Vec<String>,
+}
+
+/// One column of the report: how it brings nodes up, with which agent, and
+/// whether every host's agent store is emptied before each sample.
+#[derive(Clone, Debug)]
+struct Column {
+    name: &'static str,
+    variant: Variant,
+    agent: AgentProgram,
+    cold: bool,
+}
+
 struct Options {
     hosts: usize,
     reps: usize,
+    /// `--cold FULL SLIM`: the two agents compared from a cold store.
+    cold: Option<(String, String)>,
 }
 
 fn options() -> Result<Options, String> {
-    let mut options = Options { hosts: 16, reps: 3 };
+    let mut options = Options {
+        hosts: 16,
+        reps: 3,
+        cold: None,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut number = |name: &str| -> Result<usize, String> {
@@ -79,6 +109,11 @@ fn options() -> Result<Options, String> {
         match arg.as_str() {
             "--hosts" => options.hosts = number("--hosts")?,
             "--reps" => options.reps = number("--reps")?,
+            "--cold" => {
+                let full = args.next().ok_or("--cold takes FULL and SLIM paths")?;
+                let slim = args.next().ok_or("--cold takes FULL and SLIM paths")?;
+                options.cold = Some((full, slim));
+            }
             // What `cargo bench` passes to every bench binary.
             "--bench" => {}
             other => return Err(format!("unknown option {other:?}")),
@@ -282,20 +317,18 @@ fn cpu_time(who: UsageWho) -> Duration {
 
 async fn measure(
     bed: &Testbed,
-    variant: Variant,
+    column: &Column,
     rep: usize,
     nodes: usize,
 ) -> Result<Sample, String> {
-    let name = format!(
-        "bench-{rep}-{}",
-        if variant == Variant::Direct {
-            "direct"
-        } else {
-            "reconciler"
-        }
-    );
+    let variant = column.variant;
+    let name = format!("bench-{rep}-{}", column.name);
     let run = RunId::new(name.as_str());
-    let agent = bed.agent_config(AGENT, RunSecret::generate(), 0);
+    if column.cold {
+        empty_agent_stores(bed)?;
+    }
+    let mut agent = bed.agent_config(&column.agent.program, RunSecret::generate(), 0);
+    agent.args = column.agent.args.clone();
     let plugin = SshPlugin::start(bed.config(&name, 1), agent)
         .await
         .map_err(|e| e.to_string())?;
@@ -327,6 +360,20 @@ async fn measure(
     }
 }
 
+/// Removes every uploaded agent from every host (the hosts share this
+/// machine's file system), so the next bootstrap uploads it again.
+fn empty_agent_stores(bed: &Testbed) -> Result<(), String> {
+    for host in &bed.hosts {
+        let store = host.claims().join(".agents");
+        match std::fs::remove_dir_all(&store) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(format!("{}: {error}", store.display())),
+        }
+    }
+    Ok(())
+}
+
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples.get(samples.len() / 2).copied().unwrap_or_default()
@@ -338,34 +385,76 @@ async fn run(options: Options) -> Result<(), String> {
         options.hosts
     );
     let bed = Testbed::start_netns(options.hosts);
-    // Warm: the agent is on every host before anything is timed.
-    let installer = SshPlugin::new(bed.config("bench-install", 1)).map_err(|e| e.to_string())?;
-    for host in &bed.hosts {
-        installer
-            .install_agent(&host.name, Path::new(AGENT))
-            .await
-            .map_err(|e| e.to_string())?;
-    }
+    let columns: [Column; 2] = match &options.cold {
+        None => {
+            // Warm: the agent is on every host before anything is timed.
+            let installer =
+                SshPlugin::new(bed.config("bench-install", 1)).map_err(|e| e.to_string())?;
+            for host in &bed.hosts {
+                installer
+                    .install_agent(&host.name, Path::new(AGENT))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            let agent = AgentProgram {
+                program: AGENT.to_owned(),
+                args: Vec::new(),
+            };
+            [
+                Column {
+                    name: "direct",
+                    variant: Variant::Direct,
+                    agent: agent.clone(),
+                    cold: false,
+                },
+                Column {
+                    name: "reconciler",
+                    variant: Variant::Reconciler,
+                    agent,
+                    cold: false,
+                },
+            ]
+        }
+        Some((full, slim)) => [
+            Column {
+                name: "full-agent",
+                variant: Variant::Reconciler,
+                agent: AgentProgram {
+                    program: full.clone(),
+                    args: vec!["agent".to_owned()],
+                },
+                cold: true,
+            },
+            Column {
+                name: "slim-agent",
+                variant: Variant::Reconciler,
+                agent: AgentProgram {
+                    program: slim.clone(),
+                    args: Vec::new(),
+                },
+                cold: true,
+            },
+        ],
+    };
     let mut direct_samples = Vec::new();
     let mut reconciler_samples = Vec::new();
     for rep in 0..options.reps {
-        // Alternate which variant goes first.
-        let order = if rep % 2 == 0 {
-            [Variant::Direct, Variant::Reconciler]
-        } else {
-            [Variant::Reconciler, Variant::Direct]
-        };
-        for variant in order {
-            let sample = measure(&bed, variant, rep, options.hosts).await?;
+        // Alternate which column goes first.
+        let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+        for index in order {
+            let column = &columns[index];
+            let sample = measure(&bed, column, rep, options.hosts).await?;
             eprintln!(
-                "rep {rep}: {variant:?} {:.3} s (controller cpu {:.3} s, ssh clients cpu {:.3} s)",
+                "rep {rep}: {} {:.3} s (controller cpu {:.3} s, ssh clients cpu {:.3} s)",
+                column.name,
                 sample.wall.as_secs_f64(),
                 sample.controller_cpu.as_secs_f64(),
                 sample.ssh_cpu.as_secs_f64()
             );
-            match variant {
-                Variant::Direct => direct_samples.push(sample),
-                Variant::Reconciler => reconciler_samples.push(sample),
+            if index == 0 {
+                direct_samples.push(sample);
+            } else {
+                reconciler_samples.push(sample);
             }
         }
     }
@@ -373,7 +462,10 @@ async fn run(options: Options) -> Result<(), String> {
         "ssh bring-up, {} hosts, {} node(s), {} rep(s), medians:",
         options.hosts, options.hosts, options.reps
     );
-    println!("                      direct   reconciler   ratio");
+    println!(
+        "                   {:>10} {:>12}   ratio",
+        columns[0].name, columns[1].name
+    );
     let rows: [(&str, SampleField); 3] = [
         ("wall s", |s| s.wall),
         ("controller cpu s", |s| s.controller_cpu),
@@ -396,8 +488,10 @@ async fn run(options: Options) -> Result<(), String> {
             .collect()
     };
     println!(
-        "direct wall samples: {:?}\nreconciler wall samples: {:?}",
+        "{} wall samples: {:?}\n{} wall samples: {:?}",
+        columns[0].name,
         walls(&direct_samples),
+        columns[1].name,
         walls(&reconciler_samples)
     );
     Ok(())

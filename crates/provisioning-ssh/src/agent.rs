@@ -16,8 +16,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use provisioning::observe::{BootstrapEvent, LossCause};
-use provisioning_process::RunSecret;
-use provisioning_process::remote::{DEFAULT_REJOIN_GRACE, RemoteError, RemoteEvent};
+use provisioning_agent::RunSecret;
+use provisioning_agent::remote::{DEFAULT_REJOIN_GRACE, RemoteError, RemoteEvent};
 use provisioning_provider::{AttemptKey, ObservationSink};
 use thiserror::Error;
 
@@ -36,11 +36,12 @@ pub const DEFAULT_ADOPT_WAIT: Duration = Duration::from_secs(20);
 #[derive(Clone, Debug)]
 pub struct SshAgentConfig {
     /// The local agent executable, uploaded to every host once per content
-    /// hash (for `provision`, the running binary itself). It must run on
+    /// hash (for `provision`, the `provision-agent` binary shipped next to
+    /// it, or the running binary itself). It must run on
     /// the hosts: same architecture and C library.
     pub program: PathBuf,
     /// Its leading arguments (`["agent"]` for the `provision` binary; none
-    /// for `provision-remote-agent`).
+    /// for `provision-agent`).
     pub args: Vec<String>,
     /// The run's secret: join credentials derive from it. A restarted
     /// controller must use the same secret to get its agents back.

@@ -60,7 +60,7 @@
 //! address of the swarm listener the plugin owns). `start_bootstrap`
 //! connects with the host key verified, runs the verify commands, installs
 //! the agent if its content hash is absent on the host, and starts it
-//! detached in the remote boot mode of `provisioning_process::agent` (its
+//! detached in the remote boot mode of `provisioning_agent::agent` (its
 //! boot order and per-attempt credential in a `0600` file written from the
 //! script on standard input). The agent's join over TCP is reported as the
 //! node's `Joined`; a lost agent or an exited workload is a lost node.

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use common::Testbed;
 use provisioning::spawn::BoxFuture;
+use provisioning_agent::RunSecret;
 use provisioning_conformance::contract::{
     ContractFaults, ContractSubject, PluginMethod, run_contract_suite,
 };
 use provisioning_conformance::trace::Fault;
-use provisioning_process::RunSecret;
 use provisioning_provider::AttemptKey;
 use provisioning_ssh::{FaultMode, FaultStep, SshPlugin, WatchHandle};
 

@@ -35,13 +35,12 @@ mod level3;
 use std::sync::Arc;
 use std::time::Instant;
 
-use level3::{Defect, Level3, SshSubstrate};
+use level3::{Defect, Level3, SshSubstrate, SshWorld};
 use provisioning_conformance::level3::{
-    FaultCounts, Level3Battery, RunsGuard, describe, temp_sqlite_journal,
+    FaultCounts, Level3Battery, RunsGuard, assert_clean_run, assert_leak_caught, describe,
+    temp_sqlite_journal,
 };
-use provisioning_conformance::{
-    GeneratorConfig, GuaranteeId, Mode, RunOptions, Trace, cluster_driver, run_trace,
-};
+use provisioning_conformance::{GeneratorConfig, Mode};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_provision-remote-agent");
 
@@ -215,33 +214,17 @@ fn level_3_over_ssh_keeps_every_guarantee_over_8_seeds_in_both_modes_with_real_f
 fn level_3_over_ssh_counts_leases_from_the_hosts_not_from_the_plugin() {
     let context = Arc::new(Level3::new("defect", 1, 4, AGENT));
     let _guard = RunsGuard::new(&context);
-    let trace: Trace = SCALE_DOWN_TRACE.parse().expect("the trace parses");
     // A clean run of the same trace converges and leaks nothing.
-    let clean = run_trace(
-        SshSubstrate::new(context.clone()),
-        &cluster_driver,
-        &trace,
-        RunOptions::new(Mode::Fair),
-    );
-    assert_eq!(clean.violation, None);
-    assert!(clean.converged);
+    assert_clean_run::<SshWorld>(&context, SCALE_DOWN_TRACE);
     assert!(context.survivors().is_empty(), "{:#?}", context.survivors());
     // A destroy that stops the agent but leaves the claim reports success:
     // the claim on the host is a leaked lease.
-    let leaky = run_trace(
-        SshSubstrate::with_defect(context.clone(), Some(Defect::DestroyLeavesClaim)),
-        &cluster_driver,
-        &trace,
-        RunOptions::new(Mode::Fair),
+    assert_leak_caught::<SshWorld>(
+        &context,
+        Defect::DestroyLeavesClaim,
+        SCALE_DOWN_TRACE,
+        "a claim",
+        "a-1/a",
     );
-    let violation = leaky
-        .violation
-        .expect("a claim left behind by a destroy must break a guarantee");
-    assert_eq!(
-        violation.guarantee,
-        GuaranteeId::ConvergedLeaksNothing,
-        "{violation:?}"
-    );
-    assert!(violation.detail.contains("a-1/a"), "{violation:?}");
     assert_nothing_of_any_run(&context);
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{Testbed, key, spec};
 use provisioning::{BootParams, Endpoint, EndpointLookup};
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_provider::{BootstrapRequest, PluginError, ProvisionPlugin};
 use provisioning_ssh::SshPlugin;
 

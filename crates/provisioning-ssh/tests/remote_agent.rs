@@ -10,11 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use provisioning::observe::LossCause;
+use provisioning::observe::{LossCause, WorkloadEnd};
 use provisioning::{LogicalNodeId, NodeAttemptId, RunId};
-use provisioning_process::RunSecret;
-use provisioning_process::remote::{RemoteEvent, RemoteSwarm, RemoteSwarmConfig};
-use provisioning_process::wire::{BootOrder, JoinOrder, PROTOCOL_VERSION};
+use provisioning_agent::RunSecret;
+use provisioning_agent::remote::{RemoteEvent, RemoteSwarm, RemoteSwarmConfig};
+use provisioning_agent::wire::{BootOrder, JoinOrder, PROTOCOL_VERSION};
 use provisioning_provider::AttemptKey;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_provision-remote-agent");
@@ -184,7 +184,10 @@ async fn workload_exit_is_a_loss_and_stops_the_agent() {
     let mut agent = start(&order, &dir.path().join("status"), 30_000);
     wait_for(
         &events,
-        &RemoteEvent::Lost(key.clone(), LossCause::WorkloadExited),
+        &RemoteEvent::Lost(
+            key.clone(),
+            LossCause::WorkloadEnded(WorkloadEnd::Status(0)),
+        ),
     )
     .await;
     let exit = tokio::task::spawn_blocking(move || {

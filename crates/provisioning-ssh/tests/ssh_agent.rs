@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use common::{Testbed, key, spec};
 use provisioning::BootParams;
-use provisioning_process::RunSecret;
-use provisioning_process::remote::{RemoteEvent, RemoteSwarm, RemoteSwarmConfig};
-use provisioning_process::wire::{BootOrder, JoinOrder, PROTOCOL_VERSION};
+use provisioning_agent::RunSecret;
+use provisioning_agent::remote::{RemoteEvent, RemoteSwarm, RemoteSwarmConfig};
+use provisioning_agent::wire::{BootOrder, JoinOrder, PROTOCOL_VERSION};
 use provisioning_provider::ProvisionPlugin;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_provision-remote-agent");

@@ -13,7 +13,7 @@ use common::{Testbed, agents_under, key, process_alive, processes_mentioning, sp
 use provisioning::observe::{BootstrapEvent, LossCause};
 use provisioning::state::{BootstrapFailure, BootstrapProgress};
 use provisioning::{BootParams, EndpointLookup, LogicalNodeSpec, Observation};
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, NodeLease, ObservationSink, PluginError, ProvisionPlugin,
 };
@@ -153,7 +153,7 @@ async fn the_agent_joins_after_the_reported_stages_and_the_handoff_keeps_it_runn
     let agent = read_pid(&session.join("pid"));
     assert!(process_alive(&agent), "the agent runs after ssh returned");
     assert_eq!(agents_under(&claims).len(), 1, "one agent on the host");
-    let workload = provisioning_process::os::node_processes(&k).expect("scan /proc");
+    let workload = provisioning_agent::os::node_processes(&k).expect("scan /proc");
     assert!(
         !workload.is_empty(),
         "the workload runs, tagged with its key"
@@ -241,7 +241,7 @@ async fn the_agent_joins_after_the_reported_stages_and_the_handoff_keeps_it_runn
         .expect("destroy");
     assert!(!process_alive(&agent), "destroy stops the agent");
     assert_eq!(
-        provisioning_process::os::node_processes(&k).expect("scan /proc"),
+        provisioning_agent::os::node_processes(&k).expect("scan /proc"),
         Vec::new(),
         "destroy stops the workload"
     );
@@ -355,7 +355,7 @@ async fn a_killed_agent_is_a_lost_node_under_its_attempt() {
         .await
         .expect("destroy");
     assert_eq!(
-        provisioning_process::os::node_processes(&k).expect("scan /proc"),
+        provisioning_agent::os::node_processes(&k).expect("scan /proc"),
         Vec::new(),
         "destroy stops the orphaned workload"
     );
@@ -388,7 +388,7 @@ async fn a_silently_partitioned_agent_is_a_lost_node() {
         .await
         .expect("destroy after the partition healed");
     assert_eq!(
-        provisioning_process::os::node_processes(&k).expect("scan /proc"),
+        provisioning_agent::os::node_processes(&k).expect("scan /proc"),
         Vec::new(),
         "destroy stops the partitioned node's agent and workload"
     );
@@ -425,7 +425,7 @@ async fn a_restarted_plugin_adopts_running_agents_and_loses_the_dead_ones() {
                 .expect("complete");
             leases.push(lease.lease);
         }
-        let workload = provisioning_process::os::node_processes(&kept).expect("scan");
+        let workload = provisioning_agent::os::node_processes(&kept).expect("scan");
         (
             leases[0].clone(),
             leases[1].clone(),
@@ -483,7 +483,7 @@ async fn a_restarted_plugin_adopts_running_agents_and_loses_the_dead_ones() {
     );
     assert!(process_alive(&agent_kept));
     assert_eq!(
-        provisioning_process::os::node_processes(&kept).expect("scan"),
+        provisioning_agent::os::node_processes(&kept).expect("scan"),
         workload,
         "the workload was not restarted"
     );
@@ -504,7 +504,7 @@ async fn a_restarted_plugin_adopts_running_agents_and_loses_the_dead_ones() {
         .expect("destroy dead");
     assert!(agents_under(&claims).is_empty());
     assert_eq!(
-        provisioning_process::os::node_processes(&kept).expect("scan"),
+        provisioning_agent::os::node_processes(&kept).expect("scan"),
         Vec::new()
     );
 }

@@ -1,9 +1,10 @@
 //! The durable form of a driver's memory, change sets, and recovery.
 //!
 //! A host that must survive its own crash asks the driver to track changes
-//! ([`crate::ClusterDriver::track_changes`]), takes a [`DriverChanges`] after
-//! every drive ([`crate::ClusterDriver::take_changes`]) and commits it to
-//! durable storage *before* it submits any operation that drive produced.
+//! ([`crate::ClusterDriver::track_changes`]), takes the changes after every
+//! drive ([`crate::ClusterDriver::take_changes`], read borrowed or as an owned
+//! [`DriverChanges`]) and commits them to durable storage *before* it submits
+//! any operation that drive produced.
 //! A change set holds only the nodes that changed since the last one, so a
 //! pass costs O(nodes changed), never the whole map.
 //!
@@ -86,8 +87,9 @@ pub struct DurableEntry {
     pub template: Arc<NodeTemplate>,
 }
 
-/// What changed in the driver since its changes were last taken
-/// ([`crate::ClusterDriver::take_changes`]): what a host commits to its
+/// What changed in the driver since its changes were last taken, owned
+/// ([`crate::DriverChangesView::to_owned_changes`] of
+/// [`crate::ClusterDriver::take_changes`]): what a host commits to its
 /// journal in one transaction, before it submits the operations of the drive.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DriverChanges {
@@ -181,56 +183,22 @@ pub struct DurableEntryRef<'a> {
     pub template: &'a Arc<NodeTemplate>,
 }
 
-/// A [`DriverChanges`] whose nodes are borrowed from the driver
-/// ([`crate::ClusterDriver::take_change_view`]): what a writer encodes
-/// without copying every changed node first.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct DriverChangesView<'a> {
-    /// The meta, whenever anything is written (see [`DriverChanges::meta`]).
-    pub meta: Option<std::borrow::Cow<'a, DurableMeta>>,
-    /// Nodes that were inserted or changed, in slot order.
-    pub upserts: Vec<DurableEntryRef<'a>>,
-    /// Nodes that left the map (reaped), in slot order.
-    pub removed: Vec<LogicalNodeId>,
-}
-
-impl DriverChangesView<'_> {
-    /// Whether nothing changed.
-    pub fn is_empty(&self) -> bool {
-        self.meta.is_none() && self.upserts.is_empty() && self.removed.is_empty()
-    }
-
-    /// The owned changes.
-    pub fn to_owned_changes(&self) -> DriverChanges {
-        DriverChanges {
-            meta: self.meta.as_ref().map(|m| m.as_ref().clone()),
-            upserts: self
-                .upserts
-                .iter()
-                .map(|e| DurableEntry {
-                    node: e.node.to_node(),
-                    template: e.template.clone(),
-                })
-                .collect(),
-            removed: self.removed.clone(),
+impl DurableEntryRef<'_> {
+    /// The owned entry.
+    pub fn to_entry(&self) -> DurableEntry {
+        DurableEntry {
+            node: self.node.to_node(),
+            template: self.template.clone(),
         }
     }
 }
 
-impl DriverChanges {
-    /// The changes, borrowed.
-    pub fn view(&self) -> DriverChangesView<'_> {
-        DriverChangesView {
-            meta: self.meta.as_ref().map(std::borrow::Cow::Borrowed),
-            upserts: self
-                .upserts
-                .iter()
-                .map(|e| DurableEntryRef {
-                    node: e.node.as_ref(),
-                    template: &e.template,
-                })
-                .collect(),
-            removed: self.removed.clone(),
+impl DurableEntry {
+    /// The entry, borrowed.
+    pub fn as_ref(&self) -> DurableEntryRef<'_> {
+        DurableEntryRef {
+            node: self.node.as_ref(),
+            template: &self.template,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Per-node history: the last transitions of each node (SPEC §15).
+//! Per-node history: the last transitions of each node (design §15).
 //!
 //! The driver keeps it only when asked to ([`crate::ClusterDriver::set_history_depth`]);
 //! the default keeps none, so a driver that nobody inspects pays nothing. An

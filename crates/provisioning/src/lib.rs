@@ -110,12 +110,12 @@ pub mod time;
 
 pub use decide::{NodeAction, NodeDecision, Plan, Rule, reconcile, reconcile_node};
 pub use driver::{
-    ClusterDriver, DesiredUpdate, DriveReport, DriverCounters, DriverError, DueOperation,
-    NodeError, OperationSink, PassReport, Rejection, SubmitError,
+    ClusterDriver, DesiredUpdate, DriveReport, DriverChangesView, DriverCounters, DriverError,
+    DueOperation, NodeError, OperationSink, PassReport, Rejection, SubmitError,
 };
 pub use durable::{
-    DURABLE_FORMAT, DriverChanges, DriverChangesView, DurableEntry, DurableEntryRef, DurableMeta,
-    DurableNode, DurableNodeRef, DurableState, RecoveryError, RecoveryReport,
+    DURABLE_FORMAT, DriverChanges, DurableEntry, DurableEntryRef, DurableMeta, DurableNode,
+    DurableNodeRef, DurableState, RecoveryError, RecoveryReport,
 };
 pub use effect::{
     Disposition, EffectError, EffectKind, EffectOutput, EffectRequest, Endpoint, EndpointLookup,

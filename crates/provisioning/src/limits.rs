@@ -1,4 +1,4 @@
-//! Operator safety limits (SPEC §15): launch caps, rollout budgets and
+//! Operator safety limits (design §15): launch caps, rollout budgets and
 //! circuit breakers, as inputs of the pass.
 //!
 //! The decider stays as it is — a pure function of one node. The driver

@@ -96,8 +96,59 @@ pub enum LossCause {
     AgentGone,
     /// The provider reports that the lease no longer exists.
     LeaseGone,
-    /// The node's workload exited while the node was meant to run it.
+    /// The node's workload exited while the node was meant to run it (how
+    /// it ended is not known).
     WorkloadExited,
+    /// The node's workload ended while the node was meant to run it, and
+    /// the agent said how.
+    WorkloadEnded(WorkloadEnd),
+}
+
+/// How a node's workload ended, as its agent saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WorkloadEnd {
+    /// It exited with this status.
+    Status(i32),
+    /// This signal killed it.
+    Signal(i32),
+}
+
+impl WorkloadEnd {
+    /// From an exit's code and signal (as a wait status gives them); `None`
+    /// when neither is known.
+    pub fn from_parts(code: Option<i32>, signal: Option<i32>) -> Option<WorkloadEnd> {
+        match (code, signal) {
+            (Some(code), _) => Some(WorkloadEnd::Status(code)),
+            (None, Some(signal)) => Some(WorkloadEnd::Signal(signal)),
+            (None, None) => None,
+        }
+    }
+}
+
+impl fmt::Display for WorkloadEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkloadEnd::Status(code) => write!(f, "exited with status {code}"),
+            WorkloadEnd::Signal(signal) => write!(f, "killed by signal {signal}"),
+        }
+    }
+}
+
+impl LossCause {
+    /// The loss of a workload that ended as `code` and `signal` say (either
+    /// may be unknown).
+    pub fn workload(code: Option<i32>, signal: Option<i32>) -> LossCause {
+        WorkloadEnd::from_parts(code, signal)
+            .map_or(LossCause::WorkloadExited, LossCause::WorkloadEnded)
+    }
+
+    /// Whether the node's workload ended (however).
+    pub fn is_workload_exit(&self) -> bool {
+        matches!(
+            self,
+            LossCause::WorkloadExited | LossCause::WorkloadEnded(_)
+        )
+    }
 }
 
 impl fmt::Display for LossCause {
@@ -106,6 +157,7 @@ impl fmt::Display for LossCause {
             LossCause::AgentGone => "the node's agent is gone",
             LossCause::LeaseGone => "the node's lease is gone",
             LossCause::WorkloadExited => "the node's workload exited",
+            LossCause::WorkloadEnded(end) => return write!(f, "workload {end}"),
         })
     }
 }

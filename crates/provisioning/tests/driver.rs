@@ -495,7 +495,7 @@ fn stream_events_before_the_start_result_are_kept() {
     assert!(n.record.bootstrap.as_ref().unwrap().session.is_some());
 }
 
-// ---- failure classification (SPEC §6) ----
+// ---- failure classification (design §6) ----
 
 fn fresh_until(kind: EffectKind) -> (ClusterDriver, RecordingSink, Operation) {
     let mut d = driver();

@@ -1,4 +1,4 @@
-//! The durable form of the driver's memory (SPEC §13): change sets, the
+//! The durable form of the driver's memory (design §13): change sets, the
 //! serialized form, and recovery after a controller crash.
 
 mod common;
@@ -15,7 +15,7 @@ struct Journal(Option<DurableState>);
 
 impl Journal {
     fn commit(&mut self, d: &mut ClusterDriver, now: Timestamp) -> DriverChanges {
-        let changes = d.take_changes(now);
+        let changes = d.take_changes(now).to_owned_changes();
         match &mut self.0 {
             Some(state) => state.apply(&changes),
             None => {
@@ -79,6 +79,49 @@ fn a_change_set_holds_only_the_nodes_that_changed_since_the_last_one() {
         Some(lookup[0].id),
         "the dispatch is in the change set, pending"
     );
+}
+
+#[test]
+fn one_take_is_read_as_ids_as_entries_or_not_at_all() {
+    let mut d = tracked(vec![group("g", 3, "img:1")]);
+    let mut sink = RecordingSink::default();
+    let now = at(0);
+    let creates = drive(&mut d, &mut sink, now);
+    // The ids alone: the first take names every node.
+    let ids: Vec<String> = d
+        .take_changes(now)
+        .into_nodes()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(ids, ["g-0", "g-1", "g-2"]);
+    assert!(!d.has_changes(), "the ids were taken");
+
+    // The borrowed entries and the owned copy say the same.
+    d.apply_executor_result(&success(&creates[1]), now).unwrap();
+    assert!(d.has_changes());
+    let view = d.take_changes(now);
+    assert!(!view.is_empty());
+    let owned = view.to_owned_changes();
+    let borrowed: Vec<_> = view
+        .entries()
+        .map(|(id, entry)| (id.clone(), entry.map(|e| e.to_entry())))
+        .collect();
+    let copied: Vec<_> = owned
+        .upserts
+        .iter()
+        .map(|e| (e.node.node.clone(), Some(e.clone())))
+        .collect();
+    assert_eq!(borrowed, copied);
+    assert_eq!(view.meta(), owned.meta);
+    drop(view);
+
+    // A view dropped unread discards its changes.
+    d.apply_executor_result(&success(&creates[0]), now).unwrap();
+    assert!(d.has_changes());
+    drop(d.take_changes(now));
+    assert!(!d.has_changes(), "a dropped view discards the changes");
+    assert!(d.take_changes(now).is_empty());
 }
 
 #[test]
@@ -312,7 +355,7 @@ fn a_rejoin_deadline_is_journaled_and_keeps_its_time_left_across_a_second_restar
     let (_, mut sink, mut r) = recovered_ready(5_000);
     r.track_changes();
     drive(&mut r, &mut sink, at(5_000));
-    let changes = r.take_changes(at(15_000));
+    let changes = r.take_changes(at(15_000)).to_owned_changes();
     let written = changes
         .upserts
         .iter()
@@ -388,7 +431,7 @@ fn recovery_makes_pending_operations_ambiguous_and_the_ladder_reissues_them() {
         "the same attempt: the provider adopts"
     );
     assert!(reissue[0].id.sequence() > create.id.sequence());
-    let changes = r.take_changes(at(600_000));
+    let changes = r.take_changes(at(600_000)).to_owned_changes();
     assert_eq!(
         changes.upserts.len(),
         1,

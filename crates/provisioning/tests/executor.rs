@@ -1,4 +1,4 @@
-//! The idempotent executor's ledger rules (SPEC §8).
+//! The idempotent executor's ledger rules (design §8).
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Per-node history (SPEC §15): the last transitions of each node, with
+//! Per-node history (design §15): the last transitions of each node, with
 //! time and reason, kept only when asked for and bounded.
 
 mod common;

@@ -26,7 +26,7 @@ fn drive(d: &mut ClusterDriver, sink: &mut RecordingSink, now: Timestamp) -> Vec
 /// `run fifo; run fifo; run fifo; desire drift a image; stream @0 joined;
 /// tick 30000ms; stream @0 closed`.
 ///
-/// A deleting node whose cancel failed waits out its backoff (SPEC §5:
+/// A deleting node whose cancel failed waits out its backoff (design §5:
 /// inside the deleting rows a stored `next_effect_at` is respected first).
 /// The session closing after the join is a handoff, but on a deleting node
 /// it must not wipe the stored cleanup backoff.
@@ -92,7 +92,7 @@ fn kinds(ops: &[Operation]) -> Vec<(String, EffectKind)> {
 /// At the end of the clock every dispatch fails with a saturated deadline.
 /// The node must then not be re-armed at `now` (which a saturating add gives
 /// at `Timestamp::MAX`): the host would wake at once, fail again, forever.
-/// SPEC §6: clock saturation is an error, never a spin.
+/// design §6: clock saturation is an error, never a spin.
 #[test]
 fn a_saturated_clock_errors_without_rearming_a_timer_that_is_already_due() {
     let mut d = driver();
@@ -143,7 +143,7 @@ fn a_saturated_clock_errors_without_rearming_a_timer_that_is_already_due() {
 ///
 /// The provider closes the session (the handoff) before the answer to
 /// `BootstrapConvergenceObserved` arrives, and that answer is then lost (a
-/// timeout). SPEC §5: the result of that operation only clears the pending
+/// timeout). design §5: the result of that operation only clears the pending
 /// operation. Counting it as a failure gave a ready, converged node a
 /// backoff timer — a requeue on a converged cluster.
 #[test]
@@ -224,7 +224,7 @@ fn create_op(sequence: u32) -> Operation {
 ///
 /// A create waited behind an expired one; the expired one ended (its gate
 /// opened) before the waiting one's task ran, and the waiting one then timed
-/// out straight at the driver (SPEC §5 allows both timeout paths), so the
+/// out straight at the driver (design §5 allows both timeout paths), so the
 /// executor still held it as waiting. The driver's next create started at
 /// once — and the stale one ran after it. There, the newer create failed
 /// definitely, the deleting node was marked destroyed, and the stale create
@@ -333,7 +333,7 @@ fn with_failing_starts(d: &mut ClusterDriver, sink: &mut RecordingSink, now: Tim
 /// on the probe's grid while the probe is out). When the probe fails the
 /// breaker opens again at that instant, so the held node's wake changes: it
 /// must be looked at again then, or a forced pass over the settled driver
-/// moves its timer (SPEC §7, G19).
+/// moves its timer (design §7, G19).
 #[test]
 fn a_failed_breaker_probe_looks_again_at_the_nodes_the_breaker_holds() {
     let mut d = driver();

@@ -1,4 +1,4 @@
-//! The per-node decision ladder of SPEC §5, row by row.
+//! The per-node decision ladder of design §5, row by row.
 
 mod common;
 

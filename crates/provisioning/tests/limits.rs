@@ -1,4 +1,4 @@
-//! Operator safety limits (SPEC §15, G29, G30): launch caps, rollout budgets
+//! Operator safety limits (design §15, G29, G30): launch caps, rollout budgets
 //! and circuit breakers, applied by the driver to the decider's answers.
 
 mod common;
@@ -419,7 +419,7 @@ fn an_open_breaker_is_journaled_and_stays_open_after_recovery() {
     let mut now = at(0);
     let mut state: Option<DurableState> = None;
     let mut commit = |d: &mut ClusterDriver, now: Timestamp| {
-        let changes = d.take_changes(now);
+        let changes = d.take_changes(now).to_owned_changes();
         let state = state.get_or_insert_with(|| DurableState {
             meta: changes
                 .meta
@@ -446,7 +446,7 @@ fn an_open_breaker_is_journaled_and_stays_open_after_recovery() {
         stored.meta.breakers
     );
     // Nothing changed since: the next change set does not rewrite the meta.
-    assert!(d.take_changes(now).meta.is_none());
+    assert!(d.take_changes(now).meta().is_none());
 
     // A new controller, on a clock that started again (now 5 s).
     let restarted = at(5_000);
@@ -493,7 +493,7 @@ fn a_resumed_breaker_counts_as_a_change() {
     assert!(d.has_changes(), "the closed breaker is a change");
     let changes = d.take_changes(at(0));
     assert!(
-        changes.meta.is_some_and(|m| m.breakers.is_empty()),
+        changes.meta().is_some_and(|m| m.breakers.is_empty()),
         "the meta carries the closed breaker"
     );
 }

@@ -61,6 +61,8 @@ impl LiveView {
 #[derive(Default)]
 struct GroupLine {
     ready: u32,
+    /// Ready nodes of an older spec that still serve (a rollout).
+    ready_old: u32,
     desired: u32,
     /// Counts of the stages of the group's nodes that are not ready.
     stages: BTreeMap<String, usize>,
@@ -78,6 +80,7 @@ pub(super) fn render(snapshot: &StatusSnapshot, order: &[String]) -> String {
         .map(|g| {
             let line = GroupLine {
                 ready: g.ready,
+                ready_old: g.ready_old,
                 desired: g.desired,
                 stages: BTreeMap::new(),
             };
@@ -157,14 +160,24 @@ fn group_line(text: &mut String, id: &str, line: &GroupLine) {
     }
     let _ = write!(
         text,
-        "  {id:>GROUP_NAME_WIDTH$} [{bar}] {}/{} ready",
-        line.ready, line.desired
+        "  {id:>GROUP_NAME_WIDTH$} [{bar}] {}",
+        ready_words(line.ready, line.ready_old, line.desired)
     );
     let mut first = true;
     for (stage, count) in &line.stages {
         text.push_str(if first { "  " } else { ", " });
         first = false;
         let _ = write!(text, "{count} {stage}");
+    }
+}
+
+/// `3/5 ready`, or `1/5 ready (+3 old)` while ready nodes of an older spec
+/// still serve.
+pub(super) fn ready_words(ready: u32, ready_old: u32, desired: u32) -> String {
+    if ready_old == 0 {
+        format!("{ready}/{desired} ready")
+    } else {
+        format!("{ready}/{desired} ready (+{ready_old} old)")
     }
 }
 
@@ -203,6 +216,7 @@ mod tests {
                         provider: "process".to_owned(),
                         desired: 0,
                         ready: 0,
+                        ready_old: 0,
                         paused: None,
                     })
                     .collect();
@@ -228,6 +242,22 @@ mod tests {
         let expected: Vec<String> = (0..GROUP_LINES_MAX).map(|i| format!("g{i}")).collect();
         assert_eq!(names, expected);
         assert_eq!(lines[21], "  and 9,980 more groups: 0/0 ready");
+    }
+
+    #[test]
+    fn a_rollout_shows_the_old_spec_nodes_that_still_serve() {
+        let mut snapshot = groups(1);
+        snapshot.groups[0].desired = 5;
+        snapshot.groups[0].ready = 1;
+        snapshot.groups[0].ready_old = 3;
+        let text = render(&snapshot, &["g0".to_owned()]);
+        assert!(text.contains("1/5 ready (+3 old)"), "{text}");
+        snapshot.groups[0].ready_old = 0;
+        let text = render(&snapshot, &["g0".to_owned()]);
+        assert!(
+            text.contains("1/5 ready") && !text.contains("old"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -70,8 +70,11 @@ impl Console {
         }
     }
 
-    /// Follows snapshots until the host stops.
-    pub(crate) async fn follow(&self, mut progress: watch::Receiver<StatusSnapshot>) {
+    /// Follows snapshots until the host stops, from the first one of
+    /// generation `first` on: a snapshot published before the file was
+    /// applied (generation 0 of a fresh run, or the resumed generation)
+    /// would show a shape that is not in force any more.
+    pub(crate) async fn follow(&self, mut progress: watch::Receiver<StatusSnapshot>, first: u64) {
         let mut view = match &self.live {
             Some(bars) => {
                 log_route::route_past(bars);
@@ -83,6 +86,12 @@ impl Console {
         let mut attempts: BTreeMap<String, (u64, bool)> = BTreeMap::new();
         loop {
             let snapshot = progress.borrow_and_update().clone();
+            if snapshot.generation < first && snapshot.phase == HostPhase::Running {
+                if progress.changed().await.is_err() {
+                    break;
+                }
+                continue;
+            }
             self.breaker_events(&mut paused, &snapshot);
             match &mut view {
                 View::Live(live) => {
@@ -284,8 +293,10 @@ pub(crate) fn status_table(snapshot: &StatusSnapshot) -> String {
     for group in &snapshot.groups {
         let _ = writeln!(
             out,
-            "group {:<16} {}/{} ready  (provider {})",
-            group.id, group.ready, group.desired, group.provider
+            "group {:<16} {}  (provider {})",
+            group.id,
+            live::ready_words(group.ready, group.ready_old, group.desired),
+            group.provider
         );
         if let Some(reason) = &group.paused {
             let _ = writeln!(out, "  {reason}");
@@ -465,6 +476,7 @@ mod tests {
                     provider: "process".to_owned(),
                     desired: 3,
                     ready: 3,
+                    ready_old: 0,
                     paused: None,
                 },
                 GroupStatus {
@@ -472,6 +484,7 @@ mod tests {
                     provider: "process".to_owned(),
                     desired: 2,
                     ready: 1,
+                    ready_old: 0,
                     paused: None,
                 },
             ],

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provisioning::RunId;
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_runtime::PluginEntry;
 use serde::Deserialize;
 use toml::Spanned;

@@ -26,7 +26,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use provisioning::{RetryPolicy, RunId};
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_runtime::PluginEntry;
 use toml::Spanned;
 use toml::de::DeValue;

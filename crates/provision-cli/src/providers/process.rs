@@ -19,9 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provisioning::RunId;
-use provisioning_process::{
-    AgentCommand, AgentLifetime, ProcessPlugin, ProcessPluginConfig, RunSecret,
-};
+use provisioning_agent::RunSecret;
+use provisioning_process::{AgentCommand, AgentLifetime, ProcessPlugin, ProcessPluginConfig};
 use provisioning_runtime::PluginEntry;
 use serde::Deserialize;
 use toml::Spanned;
@@ -41,7 +40,7 @@ pub(crate) const AGENT_SUBCOMMAND: &str = "agent";
 
 /// Runs the node agent with the arguments that followed `agent`.
 pub(crate) fn agent_main(args: Vec<OsString>) -> ExitCode {
-    provisioning_process::agent::main(args)
+    provisioning_agent::agent::main(args)
 }
 
 /// The embedded provider's module.

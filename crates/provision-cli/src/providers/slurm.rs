@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provisioning::RunId;
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_runtime::PluginEntry;
 use provisioning_slurm::{GroupShape, SlurmPlugin, SlurmPluginConfig, SlurmSettings};
 use toml::Spanned;
@@ -197,13 +197,23 @@ async fn start_slurm(
     settings: &SlurmCliSettings,
 ) -> anyhow::Result<PluginEntry> {
     let settings = &settings.settings;
-    // agent: the Slurm agent command is chosen here (the table's, or this binary).
+    // The table's agent binary, else the slim `provision-agent` beside this
+    // binary (design §18). A configured path to the full `provision` binary
+    // runs it as `provision agent`.
     let agent = match &settings.agent {
-        Some(path) => vec![path.display().to_string(), AGENT_ARGUMENT.to_owned()],
-        None => vec![
-            std::env::current_exe()?.display().to_string(),
-            AGENT_ARGUMENT.to_owned(),
-        ],
+        Some(path) => {
+            let mut command = vec![path.display().to_string()];
+            if !crate::agent_binary::is_slim_agent(path) {
+                command.push(AGENT_ARGUMENT.to_owned());
+            }
+            command
+        }
+        None => {
+            let (program, args) = crate::agent_binary::remote_agent_command()?;
+            std::iter::once(program.display().to_string())
+                .chain(args)
+                .collect()
+        }
     };
     let mut config = SlurmPluginConfig::new(run_id.clone(), secret, agent);
     config.slurm_conf = settings.slurm_conf.clone();

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provisioning::RunId;
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_runtime::PluginEntry;
 use provisioning_ssh::{SshAgentConfig, SshHost, SshPlugin, SshPluginConfig};
 use serde::Deserialize;
@@ -50,9 +50,6 @@ pub(super) struct Ssh;
 
 /// How often the plugin looks for claims removed behind its back.
 const LOSS_WATCH_INTERVAL: Duration = Duration::from_secs(5);
-
-/// The argument that makes the `provision` binary run as a node agent.
-const AGENT_ARGUMENT: &str = "agent";
 
 /// `[providers.ssh]` as written.
 #[derive(Debug, Deserialize)]
@@ -416,10 +413,11 @@ async fn start_ssh(
     secret: RunSecret,
     settings: &SshSettings,
 ) -> anyhow::Result<PluginEntry> {
-    // agent: the SSH agent command is chosen here (the table's, or this binary).
+    // The table's agent command, else the slim `provision-agent` beside
+    // this binary (design §18): never the whole CLI when the slim one is there.
     let (program, args) = match &settings.agent {
         Some(command) => (PathBuf::from(&command[0]), command[1..].to_vec()),
-        None => (std::env::current_exe()?, vec![AGENT_ARGUMENT.to_owned()]),
+        None => crate::agent_binary::remote_agent_command()?,
     };
     let mut agent = SshAgentConfig::new(program, args, secret, settings.listen);
     agent.advertised = settings.advertise;

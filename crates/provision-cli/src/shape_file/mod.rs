@@ -114,6 +114,20 @@ impl ShapeSource {
         self.groups.iter().map(|g| u64::from(g.count)).sum()
     }
 
+    /// What is valid but most likely not meant: a file whose groups ask
+    /// for no node at all (a `count = 0` left everywhere) starts nothing.
+    pub(crate) fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.node_count() == 0 {
+            warnings.push(if self.groups.is_empty() {
+                "no group asks for a node: the file declares no [[group]]".to_owned()
+            } else {
+                "no group asks for a node: every group has count = 0".to_owned()
+            });
+        }
+        warnings
+    }
+
     /// The validated desired state at `generation`.
     ///
     /// # Errors

@@ -316,7 +316,9 @@ fn an_over_long_value_is_echoed_cut_with_its_length() {
     assert_eq!(error.field.as_deref(), Some("group[0].count"));
     assert_eq!(
         error.message,
-        format!("invalid type: string \"{kept}\"\u{2026} (5000 characters), expected u32")
+        format!(
+            "invalid type: string \"{kept}\"\u{2026} (5000 characters); must be a whole number from 0 to 4294967295"
+        )
     );
     let error = parse_text(&format!(
         "run = \"demo\"\n[[group]]\nid = \"web\"\ncount = 1\n{long} = 1\n"

@@ -1,4 +1,4 @@
-//! The kit's own model of each group's circuit breaker (SPEC §15, G30 hold
+//! The kit's own model of each group's circuit breaker (design §15, G30 hold
 //! form), kept from what the kit sees: the folds it delivers and the
 //! attempts each drive starts.
 //!

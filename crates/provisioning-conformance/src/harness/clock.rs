@@ -128,7 +128,7 @@ impl<S: Substrate> Harness<S> {
     }
 
     /// Folds one timeout, through the executor's expiry or straight to the
-    /// driver (alternating by operation sequence parity, as SPEC §5 allows
+    /// driver (alternating by operation sequence parity, as design §5 allows
     /// both), then reports it a second time, which must change nothing.
     /// Returns whether it was folded (a saturated clock may refuse it).
     fn fold_timeout(&mut self, item: &DueOperation) -> Result<bool, Violation> {

@@ -261,7 +261,7 @@ impl Vacuity {
         required
     }
 
-    /// The operator-limit counts (SPEC §15, G29/G30), by name. Reported by
+    /// The operator-limit counts (design §15, G29/G30), by name. Reported by
     /// every battery; required (non-zero) by Level 1's battery, whose 512
     /// traces reach them all, and not by the small real-engine batteries of
     /// Levels 2 and 3.

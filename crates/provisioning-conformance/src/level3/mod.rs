@@ -30,6 +30,17 @@
 //! - [`Intercepted`]: a real plugin with the methods an [`Intercept`]
 //!   overrides wrapped (a fault around a call, a deliberate defect), the
 //!   others passed straight through.
+//! - [`Level3Substrate`]: the kit's `Substrate` over a provider's
+//!   [`Level3World`] (its fault mapping, its own count of what is live, its
+//!   teardown), on a [`SubstrateCore`] (the shared state, the manual
+//!   spawner, the runtime the plugin runs on).
+//! - [`RealNode`]: the kit's operations as a real plugin serves them (the
+//!   substrate's run, the provider's kind, the world's verify command, a
+//!   long-running workload).
+//! - [`assert_clean_run`] and [`assert_leak_caught`]: one trace run clean
+//!   and with a deliberate leak, to show that the world's own count bites.
+//! - [`hold_call`]: a call held before it reaches the plugin, in a task of
+//!   its own, as a slow provider API holds it.
 //! - [`Level3Battery`]: seeds × both modes plus written traces, a small
 //!   shrink budget, the reproduce line, and the final checks (failures,
 //!   vacuity with reasoned waivers, required faults never applied).
@@ -38,15 +49,21 @@
 //! needs; the harness's clock stays the trace's.
 
 mod battery;
+mod defect;
+mod held;
 mod intercept;
 mod ledger;
 mod runs;
 mod shared;
+mod spec;
+mod substrate;
 mod work;
 
 pub use battery::{Level3Battery, Level3Error, Waiver, describe, restricted};
 #[cfg(feature = "sqlite")]
 pub use battery::{TempSqliteJournal, temp_sqlite_journal};
+pub use defect::{assert_clean_run, assert_leak_caught};
+pub use held::{HOLD_POLL_INTERVAL, HOLD_WAIT_MAX, hold_call};
 pub use intercept::{Intercept, Intercepted, PluginCall};
 pub use ledger::{LeaseOwners, Ledger, LedgerPolicy, SessionHandles, SessionTrack};
 pub use runs::{FaultCounts, RUN_ID_CHARS_MAX, RunCleanup, Runs, RunsGuard};
@@ -54,4 +71,6 @@ pub use shared::{
     Detached, Hang, HeldCall, INBOX_OBSERVATIONS_MAX, InFlight, Producible, Scripted, Shared,
     State, attempt_key,
 };
+pub use spec::{RealNode, WORKLOAD_COMMAND};
+pub use substrate::{Core, Level3Substrate, Level3World, RUNTIME_SHUTDOWN_WAIT_MAX, SubstrateCore};
 pub use work::{WorkBounds, run_work, run_work_reporting};

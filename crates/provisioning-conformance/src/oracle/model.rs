@@ -29,7 +29,7 @@ pub(crate) fn later_than(deadline: Timestamp, now: Timestamp) -> bool {
 
 /// `now + delay` in plain milliseconds, `None` past the end of the clock.
 /// A delay with a sub-millisecond part is rounded up (a deadline is never
-/// earlier than its delay), as SPEC's clock counts whole milliseconds.
+/// earlier than its delay), as the design's clock counts whole milliseconds (docs/design.md).
 pub(crate) fn plus_ms(now: Timestamp, delay: std::time::Duration) -> Option<u64> {
     let mut delay_ms = u64::try_from(delay.as_millis()).ok()?;
     if delay.subsec_nanos() % 1_000_000 != 0 {

@@ -101,7 +101,7 @@ pub(crate) fn g09_delays_follow_the_policy(
 }
 
 /// Whether a fold counts as one more consecutive failure of the slot, by the
-/// kit's reading of SPEC §6: a failed or wrongly answered operation (except a
+/// kit's reading of design §6: a failed or wrongly answered operation (except a
 /// convergence report whose session already ended, which is moot), or an
 /// observation that failed the attempt (a bootstrap failure, a session closed
 /// before the join, the loss of a live node).

@@ -120,7 +120,9 @@ pub(crate) fn g32_loss_names_what_was_lost(
     let word = match lost {
         provisioning::LossCause::AgentGone => "agent",
         provisioning::LossCause::LeaseGone => "lease",
-        provisioning::LossCause::WorkloadExited => "workload",
+        provisioning::LossCause::WorkloadExited | provisioning::LossCause::WorkloadEnded(_) => {
+            "workload"
+        }
     };
     ensure(
         failure.reason.contains(word),

@@ -123,7 +123,7 @@ impl ShapeChange {
     }
 }
 
-/// A probe of the revision contract (SPEC §2); none of them may change anything.
+/// A probe of the revision contract (design §2); none of them may change anything.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RevisionProbe {
     /// Submit a lower generation: must be rejected.
@@ -284,7 +284,7 @@ pub(super) fn loss_name(cause: LossCause) -> &'static str {
     match cause {
         LossCause::AgentGone => "agent",
         LossCause::LeaseGone => "lease",
-        LossCause::WorkloadExited => "workload",
+        LossCause::WorkloadExited | LossCause::WorkloadEnded(_) => "workload",
     }
 }
 
@@ -378,11 +378,11 @@ pub enum Input {
     /// ([`Observation::AgentRejoined`](provisioning::Observation::AgentRejoined)).
     /// A no-op when no node waits or the substrate cannot re-join agents.
     Rejoin,
-    /// Change the operator limits the driver applies (SPEC §15).
+    /// Change the operator limits the driver applies (design §15).
     Limit(LimitChange),
 }
 
-/// A change of the operator limits (SPEC §15, G29, G30). Zero removes the
+/// A change of the operator limits (design §15, G29, G30). Zero removes the
 /// limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LimitChange {

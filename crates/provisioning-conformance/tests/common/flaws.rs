@@ -8,10 +8,12 @@ use provisioning::id::OperationSequence;
 use provisioning::limits::{LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
-    ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, DriverChanges, ExecutorResult,
-    LogicalNodeId, NodeAttemptId, Observation, OperationId, RetryPolicy, Timestamp,
+    ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, ExecutorResult, LogicalNodeId,
+    NodeAttemptId, Observation, OperationId, RetryPolicy, Timestamp,
 };
-use provisioning_conformance::{DriverSetup, DriverUnderTest, cluster_driver};
+use provisioning_conformance::{
+    ChangeRead, DriverSetup, DriverUnderTest, TakenChanges, cluster_driver,
+};
 
 /// Ways to break the real driver from the outside.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -496,8 +498,11 @@ impl DriverUnderTest for Broken {
         self.inner.track_changes();
     }
 
-    fn take_changes(&mut self, now: Timestamp) -> DriverChanges {
-        self.inner.take_changes(now)
+    fn take_changes(&mut self, now: Timestamp, read: ChangeRead) -> TakenChanges {
+        // This driver offers neither `has_changes` nor `durable_state`, so
+        // it hands out change sets only, whatever the read asked for.
+        let _ = read;
+        TakenChanges::ChangeSet(self.inner.take_changes(now).to_owned_changes())
     }
 
     fn set_limits(&mut self, mut limits: Limits) {

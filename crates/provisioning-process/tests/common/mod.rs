@@ -13,10 +13,9 @@ use provisioning::{
     BootParams, Endpoint, EndpointLookup, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId,
     NodeTemplate, Observation, ProviderShape, RunId, SwarmJoinTemplate,
 };
-use provisioning_process::os::{self, TaggedProcess};
-use provisioning_process::{
-    AgentCommand, AgentLifetime, ProcessPlugin, ProcessPluginConfig, RunSecret,
-};
+use provisioning_agent::RunSecret;
+use provisioning_agent::os::{self, TaggedProcess};
+use provisioning_process::{AgentCommand, AgentLifetime, ProcessPlugin, ProcessPluginConfig};
 use provisioning_provider::{
     AttemptKey, BootstrapRequest, BootstrapSession, NodeLease, ObservationSink, ProvisionPlugin,
 };

@@ -26,38 +26,29 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use provisioning::effect::EffectRequest;
 use provisioning::executor::EffectBackend;
 use provisioning::spawn::BoxFuture;
 use provisioning::{
-    BootParams, EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeSpec,
-    NodeAttemptId, NodeTemplate, Operation, RunId,
+    EffectError, EffectOutput, EndpointLookup, LeaseHandle, NodeAttemptId, Operation, RunId,
 };
+use provisioning_agent::os;
+use provisioning_conformance::level3::{RealNode, hold_call};
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
-use provisioning_process::{PROVIDER_KIND, ProcessPlugin, os};
+use provisioning_process::{PROVIDER_KIND, ProcessPlugin};
 use provisioning_provider::{PluginBackendAdapter, ProvisionPlugin};
 
 use super::os_faults::{self, AgentProgram, GATE_VERIFY_COMMAND, GATES_ENV, Gates, attempt_key};
 use super::shared::{ProcessShared, Shared, Stopped};
-
-/// The workload every node runs once its boot gate passed.
-pub(crate) const WORKLOAD_COMMAND: &str = "exec sleep 3600";
 
 /// How often a lookup asks whether a continued agent announced itself.
 const ANNOUNCE_POLL_INTERVAL: Duration = Duration::from_millis(2);
 
 /// The most times a lookup asks before it lets the plugin answer as it is.
 const ANNOUNCE_POLLS_MAX: usize = 2_500;
-
-/// How often a held create looks whether it was released.
-const HOLD_POLL_INTERVAL: Duration = Duration::from_millis(2);
-
-/// The longest a create is held (a safety bound; the trace or the teardown
-/// releases it long before).
-const HOLD_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// How often a call looks whether the plugin reported a node it killed.
 const LOSS_POLL_INTERVAL: Duration = Duration::from_millis(2);
@@ -168,39 +159,21 @@ impl ProcessBackend {
         }
     }
 
-    /// The operation as the process plugin sees it (see the module docs).
+    /// The operation as the process plugin sees it (see the module docs):
+    /// the substrate's run, the `process` provider, the gated verify
+    /// command and the workload.
     fn translate(&self, operation: &Operation) -> Operation {
-        Operation {
-            id: operation.id,
-            run_id: self.world.run.clone(),
-            node: operation.node.clone(),
-            spec: self.real_spec(&operation.spec),
-            request: operation.request.clone(),
-        }
-    }
-
-    /// A kit spec as the process plugin sees it: the substrate's run, the
-    /// `process` provider, the gated verify command and the workload.
-    pub(crate) fn real_spec(&self, spec: &LogicalNodeSpec) -> LogicalNodeSpec {
-        let template = spec.template();
-        let boot = BootParams {
-            user: String::new(),
-            verify_commands: vec![GATE_VERIFY_COMMAND.to_owned()],
-            start_command: WORKLOAD_COMMAND.to_owned(),
+        RealNode {
+            run: &self.world.run,
+            provider: PROVIDER_KIND,
+            verify_command: GATE_VERIFY_COMMAND,
             env: BTreeMap::from([(
                 GATES_ENV.to_owned(),
                 self.world.gates.dir().display().to_string(),
             )]),
-            args: Vec::new(),
-        };
-        let real = NodeTemplate {
-            role: template.role.clone(),
-            provider: PROVIDER_KIND.to_owned(),
-            shape: template.shape.clone(),
-            boot,
-            swarm_join: template.swarm_join.clone(),
-        };
-        LogicalNodeSpec::new(spec.id().clone(), self.world.run.clone(), Arc::new(real))
+            shape: None,
+        }
+        .operation(operation)
     }
 
     async fn run(&self, operation: &Operation) -> Result<EffectOutput, EffectError> {
@@ -257,7 +230,7 @@ impl ProcessBackend {
     }
 
     /// A create held before it reaches the plugin until the trace releases
-    /// it (or, as a safety bound, [`HOLD_WAIT_MAX`] passes): a slow provider
+    /// it (or, as a safety bound, the kit's `HOLD_WAIT_MAX` passes): a slow provider
     /// call. The call runs as a task of the substrate's runtime, so it goes
     /// on even when the controller that made it crashed and its executor was
     /// dropped — and then may reach the plugin after recovery moved on, and
@@ -268,23 +241,7 @@ impl ProcessBackend {
         key: &ResourceKey,
     ) -> Result<EffectOutput, EffectError> {
         let serial = self.shared.hang_on(key.clone(), real.id, None);
-        let adapter = self.adapter.clone();
-        let shared = self.shared.clone();
-        let operation = real.clone();
-        let call = tokio::spawn(async move {
-            let _held = shared.held(serial, operation.id);
-            let deadline = Instant::now() + HOLD_WAIT_MAX;
-            while !shared.released(serial) && Instant::now() < deadline {
-                tokio::time::sleep(HOLD_POLL_INTERVAL).await;
-            }
-            shared.mark_busy(operation.id);
-            adapter.execute(&operation).await
-        });
-        let outcome = call.await.unwrap_or_else(|error| {
-            Err(EffectError::ambiguous(format!(
-                "the held create's task ended without an answer: {error}"
-            )))
-        });
+        let outcome = hold_call(&self.shared, &self.adapter, serial, real).await;
         if let Ok(EffectOutput::LeaseCreated { adopted: false, .. }) = &outcome {
             self.check_single_agent(key);
         }

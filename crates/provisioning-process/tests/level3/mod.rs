@@ -26,13 +26,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use provisioning::RunId;
+use provisioning_agent::os::{self, TaggedProcess};
 use provisioning_conformance::level3::{RunCleanup, Runs};
-use provisioning_process::os::{self, TaggedProcess};
 
 pub(crate) use backend::Defect;
 pub(crate) use contract::contract_subject;
 pub(crate) use shared::OsFaultCounts;
-pub(crate) use substrate::ProcessSubstrate;
+pub(crate) use substrate::{ProcessSubstrate, ProcessWorld};
 
 /// How long cleaning up a run waits for its processes to be gone.
 pub(crate) const RUN_GONE_WAIT_MAX: Duration = Duration::from_secs(10);

@@ -12,7 +12,7 @@
 //!   until the harness writes `pass` (the agent goes on and joins) or `fail`
 //!   (a really failing verify command).
 //! - **Signals.** Nodes are found by their environment tags in `/proc`
-//!   ([`provisioning_process::os`]) and signalled there: `SIGKILL`,
+//!   ([`provisioning_agent::os`]) and signalled there: `SIGKILL`,
 //!   `SIGSTOP`, `SIGCONT`.
 
 use std::fs::OpenOptions;
@@ -28,8 +28,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::stat::Mode;
 use nix::unistd::Pid;
 use provisioning::RunId;
+use provisioning_agent::os::{self, TaggedProcess};
 use provisioning_conformance::substrate::ResourceKey;
-use provisioning_process::os::{self, TaggedProcess};
 use provisioning_provider::AttemptKey;
 
 /// The name of the symlink the plugin starts agents through; also the

@@ -45,13 +45,14 @@ impl DurableLoop {
         now: Timestamp,
         view: &mut Progress,
     ) -> Result<(), String> {
-        let changes = driver.take_change_view(now);
+        let changes = driver.take_changes(now);
         if changes.is_empty() {
             return Ok(());
         }
-        view.note_changes(&changes);
         let encoded = self.codec.encode_view(&changes);
-        drop(changes);
+        // The encoded rows are all the journal needs: the ids move on to
+        // the progress view, uncopied.
+        view.note_nodes(changes.into_nodes());
         let outcome = encoded
             .map_err(|e| e.to_string())
             .and_then(|rows| self.journal.commit(&rows).map_err(|e| e.to_string()));

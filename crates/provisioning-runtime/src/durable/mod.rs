@@ -1,4 +1,4 @@
-//! Durable state in the host (SPEC §13): what the host needs to journal
+//! Durable state in the host (design §13): what the host needs to journal
 //! every drive before its operations reach the executor, to resume a run a
 //! crashed controller left behind, and to collect orphans.
 //!

@@ -217,10 +217,10 @@ impl HostLoop {
                 }
                 // Nothing is journaled: the changes only say a snapshot is
                 // due, and which nodes it must show anew.
-                let (nodes, other) = self.driver.take_changed_nodes();
-                if other || !nodes.is_empty() {
+                let changes = self.driver.take_changes(now);
+                if !changes.is_empty() {
                     self.status_dirty = true;
-                    self.view.note_nodes(nodes);
+                    self.view.note_nodes(changes.into_nodes());
                 }
             }
             Some(durable) => {

@@ -13,7 +13,7 @@ use provisioning::{
     BootParams, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeTemplate,
     ProviderShape, RunId, SwarmJoinTemplate,
 };
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_provider::AttemptKey;
 use provisioning_slurm::testbed::Testbed;
 use provisioning_slurm::{

@@ -25,9 +25,10 @@ use provisioning::effect::EffectRequest;
 use provisioning::executor::EffectBackend;
 use provisioning::spawn::BoxFuture;
 use provisioning::{
-    BootParams, EffectError, EffectKind, EffectOutput, EndpointLookup, LeaseHandle,
-    LogicalNodeSpec, NodeTemplate, Operation, ProviderShape, RunId,
+    EffectError, EffectKind, EffectOutput, EndpointLookup, LeaseHandle, Operation, ProviderShape,
+    RunId,
 };
+use provisioning_conformance::level3::RealNode;
 pub(crate) use provisioning_conformance::level3::attempt_key;
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
@@ -40,9 +41,6 @@ use super::Level3;
 use super::cli::{CallFault, with_fault};
 use super::shared::Shared;
 use super::substrate::Gates;
-
-/// The workload every node runs once its boot gate passed.
-pub(crate) const WORKLOAD_COMMAND: &str = "exec sleep 3600";
 
 /// The environment variable naming the gate directory in verify commands.
 pub(crate) const GATES_ENV: &str = "PROVISION_L3_GATES";
@@ -126,17 +124,6 @@ impl SlurmBackend {
     /// The operation as the plugin sees it: the substrate's run, a `slurm`
     /// spec, more memory than any node has when `unsatisfiable`.
     fn translate(&self, operation: &Operation, unsatisfiable: bool) -> Operation {
-        Operation {
-            id: operation.id,
-            run_id: self.run.clone(),
-            node: operation.node.clone(),
-            spec: self.real_spec(&operation.spec, unsatisfiable),
-            request: operation.request.clone(),
-        }
-    }
-
-    fn real_spec(&self, spec: &LogicalNodeSpec, unsatisfiable: bool) -> LogicalNodeSpec {
-        let template = spec.template();
         let mut labels = BTreeMap::new();
         if unsatisfiable {
             labels.insert(
@@ -144,27 +131,18 @@ impl SlurmBackend {
                 format!("{}M", 2 * NODE_MEMORY_MB),
             );
         }
-        let real = NodeTemplate {
-            role: template.role.clone(),
-            provider: PROVIDER_KIND.to_owned(),
-            shape: ProviderShape {
+        RealNode {
+            run: &self.run,
+            provider: PROVIDER_KIND,
+            verify_command: GATE_VERIFY_COMMAND,
+            env: BTreeMap::from([(GATES_ENV.to_owned(), self.gates.dir().display().to_string())]),
+            shape: Some(ProviderShape {
                 image: String::new(),
                 resources: BTreeMap::new(),
                 labels,
-            },
-            boot: BootParams {
-                user: String::new(),
-                verify_commands: vec![GATE_VERIFY_COMMAND.to_owned()],
-                start_command: WORKLOAD_COMMAND.to_owned(),
-                env: BTreeMap::from([(
-                    GATES_ENV.to_owned(),
-                    self.gates.dir().display().to_string(),
-                )]),
-                args: Vec::new(),
-            },
-            swarm_join: template.swarm_join.clone(),
-        };
-        LogicalNodeSpec::new(spec.id().clone(), self.run.clone(), Arc::new(real))
+            }),
+        }
+        .operation(operation)
     }
 
     async fn run(&self, operation: &Operation) -> Result<EffectOutput, EffectError> {

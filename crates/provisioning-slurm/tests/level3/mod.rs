@@ -33,7 +33,7 @@ use provisioning_slurm::testbed::{Testbed, is_terminal};
 
 pub(crate) use backend::Defect;
 pub(crate) use shared::FaultCounts;
-pub(crate) use substrate::SlurmSubstrate;
+pub(crate) use substrate::{SlurmSubstrate, SlurmWorld};
 
 /// `MessageTimeout` of the plugin's client configuration: a client that
 /// cannot reach a stopped controller gives up after about this less one

@@ -1,5 +1,6 @@
-//! [`SlurmSubstrate`]: the conformance kit's [`Substrate`] over real Slurm
-//! jobs and job steps on the testbed.
+//! [`SlurmSubstrate`]: the conformance kit's `Level3Substrate` over real
+//! Slurm jobs and job steps on the testbed, with [`SlurmWorld`] as the Slurm
+//! plugin's part.
 //!
 //! # Work and settling
 //! The executor's operations queue on a [`ManualSpawner`], so the trace
@@ -52,26 +53,22 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::signal::Signal;
 use nix::sys::stat::Mode;
-use provisioning::effect::SessionHandle;
+use provisioning::RunId;
 use provisioning::observe::LossCause;
-use provisioning::spawn::{ManualSpawner, Spawner};
 use provisioning::state::BootstrapFailure;
-use provisioning::{LeaseHandle, LogicalNodeId, NodeAttemptId, Observation, RunId};
-use provisioning_conformance::level3::{WorkBounds, run_work};
-use provisioning_conformance::substrate::{
-    CallRecord, Capabilities, LiveResources, ResourceKey, Substrate, SubstrateCounters,
-};
+use provisioning_agent::RunSecret;
+use provisioning_agent::os::{self, TaggedProcess};
+use provisioning_conformance::level3::{Core, Level3Substrate, Level3World, WorkBounds};
+use provisioning_conformance::substrate::{CallRecord, LiveResources, ResourceKey};
 use provisioning_conformance::trace::{Fault, FaultTarget, StreamEvent, WorkStep};
-use provisioning_process::RunSecret;
-use provisioning_process::os::{self, TaggedProcess};
-use provisioning_provider::{ObservationSink, PluginBackendAdapter, ProvisionPlugin};
+use provisioning_provider::{PluginBackendAdapter, ProvisionPlugin};
 use provisioning_slurm::parse::{self, AGENT_STEP, STEPS_FORMAT, parse_job_name};
 use provisioning_slurm::{SlurmPlugin, SlurmPluginConfig};
 
 use super::Level3;
 use super::backend::{Defect, SlurmBackend, attempt_key};
 use super::cli::{L3Cli, signal};
-use super::shared::{GateState, Shared, SlurmShared, new_shared};
+use super::shared::{FaultCounts, GateState, Shared, SlurmSession, SlurmShared, new_shared};
 
 /// How running work is bounded: 30 s for real I/O to finish, looking again
 /// every millisecond (the rounds are the wait bound divided by the poll
@@ -105,17 +102,11 @@ const DETACHED_CALL_WAIT_MAX: Duration = Duration::from_secs(30);
 /// How long one orphan's destroy may take.
 const ORPHAN_DESTROY_WAIT_MAX: Duration = Duration::from_secs(30);
 
-/// How long the runtime may take to stop its tasks at teardown.
-const RUNTIME_SHUTDOWN_WAIT_MAX: Duration = Duration::from_secs(5);
-
 /// How often the plugin looks for jobs that ended by themselves.
 const WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How long a dropped agent connection may stay away before its node is lost.
 const REJOIN_GRACE: Duration = Duration::from_millis(500);
-
-/// The runtime's worker threads (the harness thread polls the executor's work).
-const RUNTIME_WORKERS: usize = 1;
 
 /// Substrates started so far: every other one kills a `slurmd` for its
 /// first `lease-gone` loss.
@@ -193,16 +184,18 @@ impl Gates {
     }
 }
 
-/// The Level 3 substrate. See the module docs.
-pub(crate) struct SlurmSubstrate {
+/// The Level 3 substrate over Slurm jobs. See the module docs.
+pub(crate) type SlurmSubstrate = Level3Substrate<SlurmWorld>;
+
+/// The Slurm plugin's part of the substrate: the cluster (through the
+/// context), the boot gates, the plugin and the backend.
+pub(crate) struct SlurmWorld {
     context: Arc<Level3>,
     run: RunId,
     shared: Arc<Shared>,
     backend: Arc<SlurmBackend>,
     plugin: Arc<SlurmPlugin>,
     gates: Arc<Gates>,
-    spawner: ManualSpawner,
-    runtime: Option<tokio::runtime::Runtime>,
     /// Whether this substrate may still kill a `slurmd` for a loss.
     may_kill_slurmd: bool,
     /// When the substrate started, for the summary.
@@ -211,99 +204,7 @@ pub(crate) struct SlurmSubstrate {
     _dir: tempfile::TempDir,
 }
 
-impl SlurmSubstrate {
-    /// A fresh substrate with its own run, runtime and plugin.
-    ///
-    /// # Panics
-    /// When the test environment cannot provide them: Level 3 fails loudly.
-    pub(crate) fn new(context: Arc<Level3>) -> Self {
-        SlurmSubstrate::with_defect(context, None)
-    }
-
-    /// A substrate whose backend has a deliberate [`Defect`].
-    ///
-    /// # Panics
-    /// As [`SlurmSubstrate::new`].
-    pub(crate) fn with_defect(context: Arc<Level3>, defect: Option<Defect>) -> Self {
-        let run = context.next_run();
-        let dir = tempfile::tempdir().expect("level 3 needs a temporary directory");
-        let gates = Arc::new(Gates {
-            dir: dir.path().join("gates"),
-        });
-        std::fs::create_dir(gates.dir()).expect("level 3 needs a gate directory");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(RUNTIME_WORKERS)
-            .thread_name("level3-runtime")
-            .enable_all()
-            .build()
-            .expect("level 3 needs a tokio runtime");
-        let shared = Arc::new(new_shared());
-        let cli = Arc::new(L3Cli::new(
-            context.client_conf(),
-            context.closed_conf(),
-            context.slow_closed_conf(),
-            shared.clone(),
-        ));
-        let mut config = SlurmPluginConfig::new(
-            run.clone(),
-            RunSecret::generate(),
-            vec![crate::common::AGENT.to_owned()],
-        );
-        config.slurm_conf = Some(context.client_conf().to_owned());
-        config.watch_interval = WATCH_INTERVAL;
-        config.rejoin_grace = REJOIN_GRACE;
-        let plugin = Arc::new(
-            runtime
-                .block_on(SlurmPlugin::start_with_cli(config, cli))
-                .expect("the slurm plugin starts"),
-        );
-        let reporter = shared.clone();
-        let sink = ObservationSink::new(move |observation| reporter.observe(observation));
-        let adapter =
-            PluginBackendAdapter::single(plugin.clone() as Arc<dyn ProvisionPlugin>, sink);
-        let backend = Arc::new(SlurmBackend::new(
-            adapter,
-            plugin.clone(),
-            shared.clone(),
-            context.clone(),
-            run.clone(),
-            gates.clone(),
-            defect,
-        ));
-        let may_kill_slurmd = SUBSTRATES.fetch_add(1, Ordering::Relaxed) % 2 == 1;
-        SlurmSubstrate {
-            context,
-            run,
-            shared,
-            backend,
-            plugin,
-            gates,
-            spawner: ManualSpawner::new(),
-            runtime: Some(runtime),
-            may_kill_slurmd,
-            started: Instant::now(),
-            _dir: dir,
-        }
-    }
-
-    /// Runs `step` of the work inside the runtime (see the kit's
-    /// `level3::run_work`): everything until no call does I/O and nothing is
-    /// ready (calls hung on a stopped command may stay), or one task once.
-    /// Returns the polls.
-    fn run_work_step(&self, step: WorkStep) -> usize {
-        let Some(runtime) = &self.runtime else {
-            return 0;
-        };
-        let _context = runtime.enter();
-        run_work(
-            &self.spawner,
-            step,
-            &WORK,
-            || self.shared.lock().busy_calls(),
-            || self.describe_work(),
-        )
-    }
-
+impl SlurmWorld {
     /// The tagged processes (verify command, workload) of `key`'s node.
     fn node_processes(&self, key: &ResourceKey) -> Vec<TaggedProcess> {
         os::node_processes(&attempt_key(&self.run, key))
@@ -382,29 +283,6 @@ impl SlurmSubstrate {
         shared.lock().sessions().get(key).is_some_and(|t| {
             !t.ended && t.accepted && t.boot_checking && t.extra.gate == GateState::Closed
         })
-    }
-
-    /// Continues hung call `serial`'s command. Returns whether it was hung.
-    fn release_hang(&self, serial: u64) -> bool {
-        let Some(hang) = self.shared.release(serial) else {
-            return false;
-        };
-        signal(hang.what, Signal::SIGCONT);
-        self.shared.notify();
-        // A held create in a task of its own is performed at once (its
-        // executor may be gone): wait (bounded) for it, then poll the ready
-        // work, so that its answer reaches whoever waits for it and what it
-        // made is there for the next call to find.
-        if self.shared.lock().is_detached(hang.op) {
-            self.shared
-                .wait_until(DETACHED_CALL_WAIT_MAX, |state| !state.is_detached(hang.op));
-            self.run_work_step(WorkStep::Fifo);
-        }
-        true
-    }
-
-    fn unreleased_hangs(&self) -> Vec<u64> {
-        self.shared.lock().unreleased_hangs()
     }
 
     /// The live job of `key` (id, node name), from `squeue`.
@@ -488,89 +366,112 @@ impl SlurmSubstrate {
             })
             .collect()
     }
-
-    /// Stops everything of the run: releases and drains calls in flight,
-    /// drops queued work, cancels the run's jobs by hand, stops the runtime.
-    fn teardown(&mut self) {
-        self.shared.stop_faults();
-        self.release_all_hangs();
-        if self.shared.lock().busy_calls() > 0 {
-            self.run_work_step(WorkStep::Fifo);
-        }
-        if let Some(runtime) = self.runtime.take() {
-            {
-                let _context = runtime.enter();
-                self.spawner.clear();
-            }
-            runtime.shutdown_timeout(RUNTIME_SHUTDOWN_WAIT_MAX);
-        }
-        let left = self.context.cancel_run(&self.run);
-        if !left.is_empty() {
-            eprintln!("level 3: jobs of run {} did not go: {left:?}", self.run);
-        }
-        let counts = self.shared.lock().faults;
-        self.context.finished(&counts);
-        eprintln!(
-            "level 3: run {} took {:.1} s",
-            self.run,
-            self.started.elapsed().as_secs_f64()
-        );
-    }
 }
 
-impl Drop for SlurmSubstrate {
-    fn drop(&mut self) {
-        self.teardown();
-    }
-}
-
-impl Substrate for SlurmSubstrate {
+impl Level3World for SlurmWorld {
+    type Context = Level3;
+    type Defect = Defect;
+    type Faults = FaultCounts;
+    type Session = SlurmSession;
+    type Hang = u32;
     type Backend = SlurmBackend;
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            deterministic: false,
-        }
+    const HUNG_ON: &'static str = " on a stopped command";
+
+    fn start(context: Arc<Level3>, defect: Option<Defect>) -> (Core<Self>, Self) {
+        let run = context.next_run();
+        let dir = tempfile::tempdir().expect("level 3 needs a temporary directory");
+        let gates = Arc::new(Gates {
+            dir: dir.path().join("gates"),
+        });
+        std::fs::create_dir(gates.dir()).expect("level 3 needs a gate directory");
+        let shared = Arc::new(new_shared());
+        let core = Core::<Self>::new(shared.clone(), "level3-runtime", WORK);
+        let cli = Arc::new(L3Cli::new(
+            context.client_conf(),
+            context.closed_conf(),
+            context.slow_closed_conf(),
+            shared.clone(),
+        ));
+        let mut config = SlurmPluginConfig::new(
+            run.clone(),
+            RunSecret::generate(),
+            vec![crate::common::AGENT.to_owned()],
+        );
+        config.slurm_conf = Some(context.client_conf().to_owned());
+        config.watch_interval = WATCH_INTERVAL;
+        config.rejoin_grace = REJOIN_GRACE;
+        let plugin = Arc::new(
+            core.block_on(SlurmPlugin::start_with_cli(config, cli))
+                .expect("the runtime runs")
+                .expect("the slurm plugin starts"),
+        );
+        let adapter =
+            PluginBackendAdapter::single(plugin.clone() as Arc<dyn ProvisionPlugin>, core.sink());
+        let backend = Arc::new(SlurmBackend::new(
+            adapter,
+            plugin.clone(),
+            shared.clone(),
+            context.clone(),
+            run.clone(),
+            gates.clone(),
+            defect,
+        ));
+        let may_kill_slurmd = SUBSTRATES.fetch_add(1, Ordering::Relaxed) % 2 == 1;
+        let parts = SlurmWorld {
+            context,
+            run,
+            shared,
+            backend,
+            plugin,
+            gates,
+            may_kill_slurmd,
+            started: Instant::now(),
+            _dir: dir,
+        };
+        (core, parts)
+    }
+
+    fn run(&self) -> &RunId {
+        &self.run
     }
 
     fn backend(&self) -> Arc<SlurmBackend> {
         self.backend.clone()
     }
 
-    fn spawner(&self) -> Arc<dyn Spawner> {
-        Arc::new(self.spawner.clone())
+    fn take_calls(&self) -> Vec<CallRecord> {
+        self.backend.calls.take()
     }
 
-    fn script(&mut self, target: FaultTarget, fault: Fault) -> bool {
+    fn script(&mut self, _core: &Core<Self>, target: FaultTarget, fault: Fault) -> bool {
         self.shared.script_counted(target, fault)
     }
 
-    fn stop_faults(&mut self) {
-        self.shared.stop_faults();
+    /// Continues hung call `serial`'s command. Returns whether it was hung.
+    fn release_hang(&mut self, core: &Core<Self>, serial: u64) -> bool {
+        let Some(hang) = self.shared.release(serial) else {
+            return false;
+        };
+        signal(hang.what, Signal::SIGCONT);
+        self.shared.notify();
+        // A held create in a task of its own is performed at once (its
+        // executor may be gone): wait (bounded) for it, then poll the ready
+        // work, so that its answer reaches whoever waits for it and what it
+        // made is there for the next call to find.
+        if self.shared.lock().is_detached(hang.op) {
+            self.shared
+                .wait_until(DETACHED_CALL_WAIT_MAX, |state| !state.is_detached(hang.op));
+            core.run_work(WorkStep::Fifo, || {
+                core.describe_work(Self::HUNG_ON, &self.run)
+            });
+        }
+        true
     }
 
-    fn run_work(&mut self, step: WorkStep) -> usize {
-        self.run_work_step(step)
-    }
-
-    fn has_runnable_work(&self) -> bool {
-        self.spawner.ready_count() > 0 || self.shared.lock().busy_calls() > 0
-    }
-
-    fn release_oldest_hang(&mut self) -> bool {
-        self.unreleased_hangs()
-            .into_iter()
-            .any(|serial| self.release_hang(serial))
-    }
-
-    fn release_all_hangs(&mut self) -> usize {
-        self.unreleased_hangs()
-            .into_iter()
-            .filter(|serial| self.release_hang(*serial))
-            .count()
-    }
-
-    fn stream(&mut self, session: u32, event: StreamEvent) -> Option<ResourceKey> {
+    /// Refuses (counted) what the substrate cannot produce: progress,
+    /// `converged`, `closed` and the other failure stages.
+    fn streamable(&mut self, _core: &Core<Self>, event: StreamEvent) -> bool {
         let producible = matches!(
             event,
             StreamEvent::Joined
@@ -580,25 +481,23 @@ impl Substrate for SlurmSubstrate {
         );
         if !producible {
             self.shared.count(|f| f.refused_stream_events += 1);
-            return None;
         }
-        let live = self.shared.lock().live_sessions();
-        if live.is_empty() {
-            return None;
-        }
-        let key = live[session as usize % live.len()].clone();
-        let produced = match event {
-            StreamEvent::Joined => self.open_gate(&key, Verdict::Pass),
+        producible
+    }
+
+    fn stream(&mut self, _core: &Core<Self>, key: &ResourceKey, event: StreamEvent) -> bool {
+        match event {
+            StreamEvent::Joined => self.open_gate(key, Verdict::Pass),
             StreamEvent::Failed(BootstrapFailure::BootCheckFailed) => {
-                self.open_gate(&key, Verdict::Fail)
+                self.open_gate(key, Verdict::Fail)
             }
             StreamEvent::Failed(BootstrapFailure::StartFailed) => {
                 // The agent step dies before its agent joined.
-                let killed = self.wait_at_gate(&key) && self.kill_node_processes(&key, false);
+                let killed = self.wait_at_gate(key) && self.kill_node_processes(key, false);
                 if killed {
                     self.shared.count(|f| f.steps_killed += 1);
                     self.shared
-                        .wait_until(LOSS_WAIT_MAX, |state| state.session_settled(&key));
+                        .wait_until(LOSS_WAIT_MAX, |state| state.session_settled(key));
                 }
                 killed
             }
@@ -606,20 +505,18 @@ impl Substrate for SlurmSubstrate {
             | StreamEvent::Converged
             | StreamEvent::Closed
             | StreamEvent::Failed(_) => false,
-        };
-        produced.then_some(key)
+        }
     }
 
-    fn lose(&mut self, node: &LogicalNodeId, attempt: NodeAttemptId, cause: LossCause) -> bool {
-        let key = (node.clone(), attempt);
+    fn lose(&mut self, _core: &Core<Self>, key: &ResourceKey, cause: LossCause) -> bool {
         let lost = match cause {
-            LossCause::LeaseGone => self.lose_lease(&key),
-            LossCause::AgentGone | LossCause::WorkloadExited => {
-                let killed = self.kill_node_processes(&key, cause == LossCause::WorkloadExited);
+            LossCause::LeaseGone => self.lose_lease(key),
+            LossCause::AgentGone | LossCause::WorkloadExited | LossCause::WorkloadEnded(_) => {
+                let killed = self.kill_node_processes(key, cause.is_workload_exit());
                 if killed {
                     self.shared.count(|f| f.agents_killed += 1);
                     self.shared
-                        .wait_until(LOSS_WAIT_MAX, |state| state.lost(&key));
+                        .wait_until(LOSS_WAIT_MAX, |state| state.lost(key));
                 }
                 killed
             }
@@ -630,7 +527,7 @@ impl Substrate for SlurmSubstrate {
         lost
     }
 
-    fn fair_progress(&mut self) -> usize {
+    fn fair_progress(&mut self, _core: &Core<Self>) -> usize {
         let shared = &self.shared;
         // Agents that took their boot order reach their gate, and opened
         // gates end in a join or a failure, on their own: wait for both,
@@ -676,15 +573,7 @@ impl Substrate for SlurmSubstrate {
             .count()
     }
 
-    fn take_observations(&mut self) -> Vec<Observation> {
-        self.shared.take_observations()
-    }
-
-    fn take_calls(&mut self) -> Vec<CallRecord> {
-        self.backend.calls.take()
-    }
-
-    fn live_resources(&self) -> LiveResources {
+    fn live_resources(&self, _core: &Core<Self>) -> LiveResources {
         let mut live = LiveResources::default();
         for (_, name, state, _) in self.context.live_jobs(&self.run) {
             if state == "COMPLETING" {
@@ -714,75 +603,33 @@ impl Substrate for SlurmSubstrate {
         live
     }
 
-    fn take_ledger_alarms(&mut self) -> Vec<String> {
-        self.shared.take_alarms()
-    }
-
-    /// Jobs and their steps outlive the controller (the harness's driver
-    /// and executor) and the plugin that watches them keeps running.
-    fn survives_controller_crash(&self) -> bool {
-        true
-    }
-
     /// The plugin lives on across the crash, as the jobs and agent steps
     /// do; its sessions go quiet until the recovered controller's adopting
     /// starts re-attach them, as a restarted plugin would find them.
-    fn controller_restarted(&mut self) {
+    fn controller_restarted(&mut self, _core: &Core<Self>) {
         self.plugin.controller_replaced();
     }
 
-    /// Destroys an orphan the way the durable host does: the plugin lists
-    /// the run, and the listed lease of `key` is destroyed through the real
-    /// `destroy_node`. Whether anything was live comes from `squeue`.
-    fn destroy_orphan(&mut self, key: &ResourceKey) -> bool {
-        if self.job_of(key).is_none() {
-            return false;
+    /// Destroys an orphan the way the durable host does (see the kit's
+    /// `SubstrateCore::destroy_listed`). Whether anything was live comes
+    /// from `squeue`.
+    fn destroy_orphan(&mut self, core: &Core<Self>, key: &ResourceKey) -> bool {
+        self.job_of(key).is_some()
+            && core.destroy_listed(&self.plugin, &self.run, key, ORPHAN_DESTROY_WAIT_MAX)
+    }
+
+    /// Cancels the run's jobs by hand once the runtime stopped.
+    fn torn_down(&mut self, _core: &Core<Self>) {
+        let left = self.context.cancel_run(&self.run);
+        if !left.is_empty() {
+            eprintln!("level 3: jobs of run {} did not go: {left:?}", self.run);
         }
-        let Some(runtime) = &self.runtime else {
-            return false;
-        };
-        let plugin = self.plugin.clone();
-        let attempt = attempt_key(&self.run, key);
-        let run = self.run.clone();
-        runtime
-            .block_on(async move {
-                let listed = plugin.list_nodes(&run).await.ok()?;
-                let lease = listed.into_iter().find(|l| l.key == attempt)?.lease;
-                tokio::time::timeout(
-                    ORPHAN_DESTROY_WAIT_MAX,
-                    plugin.destroy_node(&attempt, &lease),
-                )
-                .await
-                .ok()?
-                .ok()
-            })
-            .is_some()
-    }
-
-    fn lease_owner(&self, lease: &LeaseHandle) -> Option<ResourceKey> {
-        self.shared.lease_owner(lease)
-    }
-
-    fn session_owner(&self, session: &SessionHandle) -> Option<ResourceKey> {
-        self.shared.session_owner(session)
-    }
-
-    fn counters(&self) -> SubstrateCounters {
-        self.shared.counters()
-    }
-
-    fn describe_work(&self) -> String {
-        let state = self.shared.lock();
-        format!(
-            "{} task(s) queued ({} runnable), {} call(s) doing I/O, {} hung on a stopped command, \
-             {} scripted fault(s) unused, {} live session(s); run {}",
-            self.spawner.len(),
-            self.spawner.ready_count(),
-            state.busy_calls(),
-            state.hung_calls(),
-            state.unused_scripts(),
-            state.live_sessions().len(),
+        let counts = self.shared.lock().faults;
+        self.context.finished(&counts);
+        eprintln!(
+            "level 3: run {} took {:.1} s",
             self.run,
-        )
+            self.started.elapsed().as_secs_f64()
+        );
     }
 }

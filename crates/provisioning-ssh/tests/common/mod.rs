@@ -17,7 +17,7 @@ use provisioning::{
     BootParams, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, NodeTemplate,
     ProviderShape, RunId, SwarmJoinTemplate,
 };
-use provisioning_process::RunSecret;
+use provisioning_agent::RunSecret;
 use provisioning_provider::AttemptKey;
 use provisioning_ssh::{SshAgentConfig, SshHost, SshPlugin, SshPluginConfig};
 

@@ -27,11 +27,8 @@ use std::time::{Duration, Instant};
 use provisioning::effect::EffectRequest;
 use provisioning::executor::EffectBackend;
 use provisioning::spawn::BoxFuture;
-use provisioning::{
-    BootParams, EffectError, EffectOutput, EndpointLookup, LeaseHandle, LogicalNodeSpec,
-    NodeTemplate, Operation, RunId,
-};
-use provisioning_conformance::level3::{Intercept, PluginCall};
+use provisioning::{EffectError, EffectOutput, EndpointLookup, LeaseHandle, Operation, RunId};
+use provisioning_conformance::level3::{Intercept, PluginCall, RealNode, hold_call};
 use provisioning_conformance::substrate::{CallRecorder, ResourceKey};
 use provisioning_conformance::trace::Fault;
 use provisioning_provider::{AttemptKey, PluginBackendAdapter, ProvisionPlugin};
@@ -41,22 +38,12 @@ use super::Level3;
 use super::hosts::{Role, signal};
 use super::shared::{Shared, hang_on};
 
-/// The workload every node runs.
-pub(crate) const WORKLOAD_COMMAND: &str = "exec sleep 3600";
-
 /// The environment variable naming a node's verify-failure marker.
 const FAIL_ENV: &str = "PROVISION_L3_FAIL";
 
 /// The verify command of every node: it fails while the marker exists.
 const VERIFY_COMMAND: &str =
     "[ ! -e \"$PROVISION_L3_FAIL\" ] || { echo 'level 3 fails this verify command' >&2; exit 1; }";
-
-/// How often a held create looks whether it was released.
-const HOLD_POLL_INTERVAL: Duration = Duration::from_millis(2);
-
-/// The longest a create is held (a safety bound; the trace or the teardown
-/// releases it long before).
-const HOLD_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// How often a cut create looks for its claim script waiting on a host.
 const CUT_POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -166,35 +153,17 @@ impl SshBackend {
     /// The operation as the ssh plugin sees it (see the module docs).
     fn translate(&self, operation: &Operation) -> Operation {
         let key = (operation.node.clone(), operation.attempt());
-        Operation {
-            id: operation.id,
-            run_id: self.world.run.clone(),
-            node: operation.node.clone(),
-            spec: self.real_spec(&operation.spec, &key),
-            request: operation.request.clone(),
-        }
-    }
-
-    fn real_spec(&self, spec: &LogicalNodeSpec, key: &ResourceKey) -> LogicalNodeSpec {
-        let template = spec.template();
-        let boot = BootParams {
-            user: String::new(),
-            verify_commands: vec![VERIFY_COMMAND.to_owned()],
-            start_command: WORKLOAD_COMMAND.to_owned(),
+        RealNode {
+            run: &self.world.run,
+            provider: PROVIDER_KIND,
+            verify_command: VERIFY_COMMAND,
             env: BTreeMap::from([(
                 FAIL_ENV.to_owned(),
-                self.world.marker(key).display().to_string(),
+                self.world.marker(&key).display().to_string(),
             )]),
-            args: Vec::new(),
-        };
-        let real = NodeTemplate {
-            role: template.role.clone(),
-            provider: PROVIDER_KIND.to_owned(),
-            shape: template.shape.clone(),
-            boot,
-            swarm_join: template.swarm_join.clone(),
-        };
-        LogicalNodeSpec::new(spec.id().clone(), self.world.run.clone(), Arc::new(real))
+            shape: None,
+        }
+        .operation(operation)
     }
 
     async fn run(&self, operation: &Operation) -> Result<EffectOutput, EffectError> {
@@ -325,7 +294,7 @@ impl SshBackend {
     }
 
     /// A create held before it reaches the plugin until the trace releases
-    /// it (or, as a safety bound, [`HOLD_WAIT_MAX`] passes): a slow call. It
+    /// it (or, as a safety bound, the kit's `HOLD_WAIT_MAX` passes): a slow call. It
     /// runs as a task of the substrate's runtime, so it would go on after a
     /// controller crash (crashes are not exercised yet; see the substrate).
     async fn create_held(
@@ -334,23 +303,7 @@ impl SshBackend {
         key: &ResourceKey,
     ) -> Result<EffectOutput, EffectError> {
         let serial = hang_on(&self.shared, real.id, None);
-        let adapter = self.adapter.clone();
-        let shared = self.shared.clone();
-        let operation = real.clone();
-        let call = tokio::spawn(async move {
-            let _held = shared.held(serial, operation.id);
-            let deadline = Instant::now() + HOLD_WAIT_MAX;
-            while !shared.released(serial) && Instant::now() < deadline {
-                tokio::time::sleep(HOLD_POLL_INTERVAL).await;
-            }
-            shared.mark_busy(operation.id);
-            adapter.execute(&operation).await
-        });
-        let outcome = call.await.unwrap_or_else(|error| {
-            Err(EffectError::ambiguous(format!(
-                "the held create's task ended without an answer: {error}"
-            )))
-        });
+        let outcome = hold_call(&self.shared, &self.adapter, serial, real).await;
         if let Ok(EffectOutput::LeaseCreated { adopted: false, .. }) = &outcome {
             self.check_single_claim(key);
         }

@@ -30,8 +30,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use provisioning::{LogicalNodeId, NodeAttemptId, RunId};
+use provisioning_agent::os::{ATTEMPT_TAG, NODE_TAG, RUN_TAG};
 use provisioning_conformance::substrate::ResourceKey;
-use provisioning_process::os::{ATTEMPT_TAG, NODE_TAG, RUN_TAG};
 
 use crate::common::Testbed;
 

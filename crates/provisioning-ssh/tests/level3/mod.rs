@@ -31,7 +31,7 @@ use crate::common::Testbed;
 pub(crate) use backend::Defect;
 pub(crate) use hosts::Hosts;
 pub(crate) use shared::FaultCounts;
-pub(crate) use substrate::SshSubstrate;
+pub(crate) use substrate::{SshSubstrate, SshWorld};
 
 /// What one Level 3 test shares among its substrates: the hosts, the gated
 /// agent program, the runs, the faults they applied and what survived.

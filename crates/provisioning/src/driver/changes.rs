@@ -2,16 +2,19 @@
 //! driver knows which nodes changed since a host last took its changes, and
 //! the durable form of what it holds, whole or in part.
 //!
-//! A host that journals the state asks for tracking
-//! ([`ClusterDriver::track_changes`]) and takes the changes after every drive,
-//! owned or borrowed; a host that journals nothing may take only the ids.
+//! A host that journals the state or keeps its own view of the nodes asks
+//! for tracking ([`ClusterDriver::track_changes`]) and takes the changes
+//! after every drive ([`ClusterDriver::take_changes`]): one take, whose
+//! [`DriverChangesView`] each host reads as far as it needs — the ids alone,
+//! the borrowed entries to encode, or an owned copy. The whole state is
+//! [`ClusterDriver::durable_state`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::ClusterDriver;
 use crate::durable::{
-    ChangeTracker, DURABLE_FORMAT, DriverChanges, DriverChangesView, DurableEntry, DurableEntryRef,
-    DurableMeta, DurableNodeRef, DurableState,
+    ChangeTracker, DURABLE_FORMAT, DriverChanges, DurableEntry, DurableEntryRef, DurableMeta,
+    DurableNodeRef, DurableState,
 };
 use crate::id::LogicalNodeId;
 use crate::state::ManagedNode;
@@ -43,10 +46,10 @@ impl ClusterDriver {
         }
     }
 
-    /// Starts tracking what changes, for a host that journals the state:
-    /// from now on [`ClusterDriver::take_changes`] returns the nodes and meta
-    /// that changed since its last call. The first change set holds the
-    /// whole state.
+    /// Starts tracking what changes, for a host that journals the state
+    /// or keeps its own view of the nodes: from now on
+    /// [`ClusterDriver::take_changes`] hands out the nodes and meta that
+    /// changed since its last call. The first changes hold the whole state.
     pub fn track_changes(&mut self) {
         let nodes = self.state.nodes.keys().cloned().collect();
         self.changes = Some(ChangeTracker {
@@ -56,21 +59,29 @@ impl ClusterDriver {
         });
     }
 
-    /// The changes since the last call (empty when nothing changed, or when
-    /// changes are not tracked). `now` is recorded in the meta as the
-    /// writer's clock. Take them after a drive and commit them before
-    /// submitting the operations that drive produced.
-    pub fn take_changes(&mut self, now: Timestamp) -> DriverChanges {
-        self.take_change_view(now).to_owned_changes()
-    }
-
-    /// [`ClusterDriver::take_changes`] with the changed nodes borrowed from
-    /// the driver instead of copied: what a host that only encodes them
-    /// uses. The changes are taken either way.
-    pub fn take_change_view(&mut self, now: Timestamp) -> DriverChangesView<'_> {
+    /// Takes the changes since the last call (none when nothing changed, or
+    /// when changes are not tracked): the ids of the nodes inserted, changed
+    /// or removed are moved out of the tracker, and the view reads the rest
+    /// from the driver only when asked, so each host pays for what it reads
+    /// — the ids alone ([`DriverChangesView::into_nodes`]), the borrowed
+    /// entries to encode ([`DriverChangesView::entries`],
+    /// [`DriverChangesView::meta`]) or an owned copy
+    /// ([`DriverChangesView::to_owned_changes`]). Dropping the view unread
+    /// discards the changes. `now` is the writer's clock the meta records.
+    /// Take them after a drive and commit them before submitting the
+    /// operations that drive produced.
+    pub fn take_changes(&mut self, now: Timestamp) -> DriverChangesView<'_> {
         let Some(tracker) = self.changes.as_mut() else {
-            return DriverChangesView::default();
+            return DriverChangesView {
+                driver: self,
+                now,
+                nodes: BTreeSet::new(),
+                written: false,
+            };
         };
+        // The breakers as they are now count as written, whatever the host
+        // reads of the view: or `has_changes` would go on saying a breaker
+        // change waits.
         let breakers_changed = tracker.written_breakers != self.limit_state.breakers;
         if breakers_changed {
             tracker.written_breakers = self.limit_state.breakers.clone();
@@ -81,51 +92,14 @@ impl ClusterDriver {
         // against it. A meta written only when it changed would keep an old
         // clock, and a node's backoff written since would come back late by
         // all the time in between.
-        let meta =
+        let written =
             std::mem::replace(&mut tracker.meta, false) || breakers_changed || !nodes.is_empty();
-        let mut changes = DriverChangesView {
-            meta: meta.then(|| std::borrow::Cow::Owned(self.durable_meta(now))),
-            ..DriverChangesView::default()
-        };
-        for id in nodes {
-            match self.state.nodes.get(&id) {
-                Some(node) => changes.upserts.push(durable_entry_ref(node)),
-                None => changes.removed.push(id),
-            }
+        DriverChangesView {
+            driver: self,
+            now,
+            nodes,
+            written,
         }
-        changes
-    }
-
-    /// Forgets the changes since the last change set without building one:
-    /// for a host that only needs to know *whether* something changed
-    /// ([`ClusterDriver::has_changes`]), at no cost per changed node.
-    pub fn discard_changes(&mut self) {
-        if let Some(tracker) = self.changes.as_mut() {
-            tracker.nodes.clear();
-            tracker.meta = false;
-            // The breakers as they are now count as written too, or
-            // `has_changes` would go on saying a breaker change waits.
-            if tracker.written_breakers != self.limit_state.breakers {
-                tracker.written_breakers = self.limit_state.breakers.clone();
-            }
-        }
-    }
-
-    /// Takes the changes without building a change set: the ids of the
-    /// nodes inserted, changed or removed since the last one (moved out, in
-    /// slot order), and whether anything else changed (the meta or a
-    /// breaker). For a host that journals nothing and keeps its own view of
-    /// the nodes up to date; costs no work per changed node.
-    pub fn take_changed_nodes(&mut self) -> (BTreeSet<LogicalNodeId>, bool) {
-        let Some(tracker) = self.changes.as_mut() else {
-            return (BTreeSet::new(), false);
-        };
-        let breakers_changed = tracker.written_breakers != self.limit_state.breakers;
-        if breakers_changed {
-            tracker.written_breakers = self.limit_state.breakers.clone();
-        }
-        let meta = std::mem::replace(&mut tracker.meta, false) || breakers_changed;
-        (std::mem::take(&mut tracker.nodes), meta)
     }
 
     /// Whether changes are waiting for [`ClusterDriver::take_changes`]
@@ -163,11 +137,7 @@ impl ClusterDriver {
 }
 
 fn durable_entry(node: &ManagedNode) -> DurableEntry {
-    let entry = durable_entry_ref(node);
-    DurableEntry {
-        node: entry.node.to_node(),
-        template: entry.template.clone(),
-    }
+    durable_entry_ref(node).to_entry()
 }
 
 fn durable_entry_ref(node: &ManagedNode) -> DurableEntryRef<'_> {
@@ -182,5 +152,75 @@ fn durable_entry_ref(node: &ManagedNode) -> DurableEntryRef<'_> {
             retry: &node.retry,
         },
         template: node.spec.shared_template(),
+    }
+}
+
+/// The changes a host took from the driver ([`ClusterDriver::take_changes`]):
+/// the ids of the nodes inserted, changed or removed, moved out of the
+/// tracker, and the driver borrowed to read their entries and the meta from
+/// when asked. Reading costs only what is read: the ids cost nothing per
+/// node, each entry is borrowed, never copied, until
+/// [`DriverChangesView::to_owned_changes`]. The changes are taken whether or
+/// not the view is read; dropping it unread discards them.
+#[derive(Debug)]
+#[must_use = "dropping the view discards the changes it took"]
+pub struct DriverChangesView<'a> {
+    driver: &'a ClusterDriver,
+    /// The writer's clock, recorded in the meta.
+    now: Timestamp,
+    /// The nodes inserted, changed or removed, in slot order.
+    nodes: BTreeSet<LogicalNodeId>,
+    /// Whether anything is to be written (a node, the meta or a breaker
+    /// changed): the meta goes with every write.
+    written: bool,
+}
+
+impl<'a> DriverChangesView<'a> {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        !self.written
+    }
+
+    /// The ids of the nodes inserted, changed or removed, in slot order.
+    pub fn nodes(&self) -> &BTreeSet<LogicalNodeId> {
+        &self.nodes
+    }
+
+    /// The ids of the nodes inserted, changed or removed, moved out: what a
+    /// host that keeps its own view of the nodes needs, at no cost per node.
+    pub fn into_nodes(self) -> BTreeSet<LogicalNodeId> {
+        self.nodes
+    }
+
+    /// The meta, whenever anything is written (see [`DriverChanges::meta`]),
+    /// built on each call.
+    pub fn meta(&self) -> Option<DurableMeta> {
+        self.written.then(|| self.driver.durable_meta(self.now))
+    }
+
+    /// Each changed node in slot order, with its entry borrowed from the
+    /// driver, or `None` when it left the map (reaped).
+    pub fn entries(
+        &self,
+    ) -> impl Iterator<Item = (&LogicalNodeId, Option<DurableEntryRef<'a>>)> + '_ {
+        let map = &self.driver.state.nodes;
+        self.nodes
+            .iter()
+            .map(move |id| (id, map.get(id).map(|node| durable_entry_ref(node))))
+    }
+
+    /// The owned changes: the meta, and every changed node copied.
+    pub fn to_owned_changes(&self) -> DriverChanges {
+        let mut changes = DriverChanges {
+            meta: self.meta(),
+            ..DriverChanges::default()
+        };
+        for (id, entry) in self.entries() {
+            match entry {
+                Some(entry) => changes.upserts.push(entry.to_entry()),
+                None => changes.removed.push(id.clone()),
+            }
+        }
+        changes
     }
 }

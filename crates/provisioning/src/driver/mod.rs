@@ -23,8 +23,9 @@
 //! - `gate`: the operator limits (launch caps, rollout budgets, breakers) as
 //!   the driver applies them to a pass;
 //! - `history`: what the driver notes in each node's history;
-//! - `changes`: which nodes changed since a host last took them, and the
-//!   durable form of the driver's memory;
+//! - `changes`: which nodes changed since a host last took them (one take,
+//!   read through a [`DriverChangesView`]), and the durable form of the
+//!   driver's memory;
 //! - `recover`: a driver rebuilt from a committed durable state;
 //! - `error`, `sink`, `report`: the driver's errors, the seam it hands
 //!   operations to, and what it reports.
@@ -55,6 +56,7 @@ use crate::state::{ClusterState, ManagedNode};
 use crate::steady::SteadySlots;
 use crate::time::Timestamp;
 
+pub use changes::DriverChangesView;
 pub use error::{DriverError, NodeError, Rejection};
 pub use report::{DriveReport, DriverCounters, PassPlan, PassReport};
 pub use schedule::DueOperation;

@@ -3,8 +3,8 @@
 //! the batch to the executor, as the real host does. Commits take the
 //! driver's changes in turn the three ways a host may (a change set; the
 //! changed ids read back from the durable state; "anything changed?" with
-//! the whole state written), and submissions go through the executor's
-//! inherent `submit` and its two sink faces in turn.
+//! the whole state written and the changes discarded), and submissions go
+//! through the executor's inherent `submit` and its two sink faces in turn.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,6 +15,7 @@ use provisioning::{
 };
 
 use super::options::HostOrder;
+use crate::driver_under_test::{ChangeRead, TakenChanges};
 use crate::guarantee::{GuaranteeId, Violation};
 use crate::harness::Harness;
 use crate::journal::InMemoryJournal;
@@ -87,9 +88,8 @@ impl<S: Substrate> Harness<S> {
         let changes = match way {
             1 => self.changes_from_ids(),
             2 => self.changes_as_snapshot(),
-            _ => None,
-        }
-        .unwrap_or_else(|| self.driver.take_changes(self.now));
+            _ => self.change_set(),
+        };
         self.durable.last_commit = (
             changes.meta.is_some(),
             changes.upserts.len(),
@@ -135,24 +135,50 @@ impl<S: Substrate> Harness<S> {
         }
     }
 
+    /// The changes as a host that journals them takes them: a change set.
+    fn change_set(&mut self) -> DriverChanges {
+        match self.driver.take_changes(self.now, ChangeRead::ChangeSet) {
+            TakenChanges::ChangeSet(changes) => changes,
+            TakenChanges::Ids { .. } | TakenChanges::Discarded => {
+                // The changes are gone unread: everything is taken again.
+                self.durable.commit_breach = Some(breach(
+                    GuaranteeId::CrashSafety,
+                    "the driver was asked for a change set and handed out something else"
+                        .to_owned(),
+                ));
+                self.driver.track_changes();
+                DriverChanges::default()
+            }
+        }
+    }
+
     /// The changes as a host that keeps its own view takes them: the ids of
-    /// the nodes that changed, and whether anything else did, read from
-    /// the driver's durable state. `None` when the driver does not offer it.
-    fn changes_from_ids(&mut self) -> Option<DriverChanges> {
-        let (ids, meta) = self.driver.take_changed_nodes()?;
-        if ids.is_empty() && !meta {
-            return Some(DriverChanges::default());
+    /// the nodes that changed, and whether anything is to be written, the
+    /// nodes and the meta read from the driver's durable state. A driver
+    /// that hands out a change set instead is taken at its word.
+    fn changes_from_ids(&mut self) -> DriverChanges {
+        let (ids, written) = match self.driver.take_changes(self.now, ChangeRead::Ids) {
+            TakenChanges::Ids { nodes, written } => (nodes, written),
+            TakenChanges::ChangeSet(changes) => return changes,
+            TakenChanges::Discarded => {
+                // Nothing tells what changed: everything is taken again.
+                self.driver.track_changes();
+                return self.change_set();
+            }
+        };
+        if !written {
+            return DriverChanges::default();
         }
         let Some(whole) = self.driver.durable_state(self.now) else {
             // It names its changed nodes but cannot show its durable state:
             // everything is taken again, as a change set.
             self.driver.track_changes();
-            return None;
+            return self.change_set();
         };
         // A journaling host writes the meta with every write: it carries the
         // clock the written instants are read against.
         let mut changes = DriverChanges {
-            meta: (meta || !ids.is_empty()).then(|| whole.meta.clone()),
+            meta: Some(whole.meta.clone()),
             ..DriverChanges::default()
         };
         let by_id: BTreeMap<&LogicalNodeId, &provisioning::DurableEntry> =
@@ -163,22 +189,28 @@ impl<S: Substrate> Harness<S> {
                 None => changes.removed.push(id),
             }
         }
-        Some(changes)
+        changes
     }
 
     /// The changes as a host that only asks whether something changed takes
     /// them: then the whole state (and the removal of every node the
-    /// journal holds that the driver no longer has), the changes discarded.
-    /// Afterwards the driver must say nothing is waiting. `None` when the
-    /// driver does not offer it.
-    fn changes_as_snapshot(&mut self) -> Option<DriverChanges> {
-        let waiting = self.driver.has_changes()?;
+    /// journal holds that the driver no longer has), the changes taken and
+    /// discarded unread. Afterwards the driver must say nothing is waiting.
+    /// A driver that cannot say, or cannot show its durable state, hands
+    /// out a change set; so does one that answers the discard with one.
+    fn changes_as_snapshot(&mut self) -> DriverChanges {
+        let Some(waiting) = self.driver.has_changes() else {
+            return self.change_set();
+        };
         if !waiting {
-            return Some(DriverChanges::default());
+            return DriverChanges::default();
         }
-        let whole = self.driver.durable_state(self.now)?;
-        if !self.driver.discard_changes() {
-            return None;
+        let Some(whole) = self.driver.durable_state(self.now) else {
+            return self.change_set();
+        };
+        match self.driver.take_changes(self.now, ChangeRead::Nothing) {
+            TakenChanges::ChangeSet(changes) => return changes,
+            TakenChanges::Ids { .. } | TakenChanges::Discarded => {}
         }
         if self.driver.has_changes() != Some(false) {
             self.durable.commit_breach = Some(breach(
@@ -197,11 +229,11 @@ impl<S: Substrate> Harness<S> {
             .filter(|id| !kept.contains(id))
             .cloned()
             .collect();
-        Some(DriverChanges {
+        DriverChanges {
             meta: Some(whole.meta),
             upserts: whole.nodes,
             removed,
-        })
+        }
     }
 
     /// Makes a drive durable and hands its operations out, in the host's

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 /// The default `orphan_grace`: how long a resource must be seen unowned
-/// before the host destroys it (SPEC §13's default).
+/// before the host destroys it (design §13's default).
 pub const DEFAULT_ORPHAN_GRACE: Duration = Duration::from_secs(30);
 
 /// The default `orphan_scan_interval`: how often the host lists the
@@ -16,7 +16,7 @@ pub const DEFAULT_ORPHAN_SCAN_INTERVAL: Duration = Duration::from_secs(10);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HostOrder {
     /// Commit the drive's change set, then submit its operations (correct;
-    /// SPEC §13, G27).
+    /// design §13, G27).
     CommitThenSubmit,
     /// Submit first, commit after — a deliberately wrong host, for the
     /// kit's own mutation tests (caught as G27).

@@ -1,7 +1,8 @@
 //! The wire formats between the controller and its node agents.
 //!
 //! Every message is one line of JSON (an object with a `"type"` field),
-//! at most [`MAX_LINE_BYTES`] long including the newline. There are three
+//! at most [`LINE_BYTES_MAX`](crate::codec::LINE_BYTES_MAX) long including
+//! the newline, read and written with [`crate::codec`]. There are three
 //! channels:
 //!
 //! 1. **Announcement** — the agent's standard output. Its first line is an
@@ -42,16 +43,10 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use thiserror::Error;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// The protocol version both sides must speak.
 pub const PROTOCOL_VERSION: u32 = 1;
-
-/// The longest accepted line, newline included.
-pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
 /// The first line an agent prints on its standard output.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +143,17 @@ pub enum ProgressStage {
     WaitingForJoin,
 }
 
+impl ProgressStage {
+    /// The stage in words, for logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ProgressStage::BootChecking => "running the verify commands",
+            ProgressStage::AgentStarting => "starting the workload",
+            ProgressStage::WaitingForJoin => "waiting for the go-ahead to join",
+        }
+    }
+}
+
 /// The stage at which a boot failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -158,6 +164,17 @@ pub enum FailureStage {
     Start,
     /// Joining the swarm failed.
     Join,
+}
+
+impl FailureStage {
+    /// The stage in words, for logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FailureStage::BootCheck => "a verify command",
+            FailureStage::Start => "the workload start",
+            FailureStage::Join => "the join",
+        }
+    }
 }
 
 /// Agent → controller, on a control connection.
@@ -252,97 +269,18 @@ pub enum SwarmNotice {
     },
 }
 
-/// A line could not be read or written.
-#[derive(Debug, Error)]
-pub enum WireError {
-    /// The connection failed.
-    #[error("connection error: {0}")]
-    Io(#[from] std::io::Error),
-    /// A line exceeded [`MAX_LINE_BYTES`].
-    #[error("line longer than {MAX_LINE_BYTES} bytes")]
-    LineTooLong,
-    /// The connection ended in the middle of a line.
-    #[error("connection closed in the middle of a line")]
-    Truncated,
-    /// A line was not a valid message.
-    #[error("malformed message: {0}")]
-    Malformed(#[source] serde_json::Error),
-}
-
-/// Reads one message. `Ok(None)` is a clean end of the stream.
-///
-/// Not cancel-safe: a partially read line is lost if the future is dropped.
-/// Callers that select over a reader give it a task of its own.
-///
-/// # Errors
-/// [`WireError`] for I/O errors, oversized or truncated lines, and lines
-/// that do not parse as `T`.
-pub async fn read_message<T, R>(reader: &mut R) -> Result<Option<T>, WireError>
-where
-    T: DeserializeOwned,
-    R: AsyncBufRead + Unpin,
-{
-    let mut line = Vec::new();
-    let limit = u64::try_from(MAX_LINE_BYTES).unwrap_or(u64::MAX);
-    let read = (&mut *reader)
-        .take(limit)
-        .read_until(b'\n', &mut line)
-        .await?;
-    if read == 0 {
-        return Ok(None);
-    }
-    if line.last() != Some(&b'\n') {
-        return Err(if line.len() >= MAX_LINE_BYTES {
-            WireError::LineTooLong
-        } else {
-            WireError::Truncated
-        });
-    }
-    serde_json::from_slice(&line)
-        .map(Some)
-        .map_err(WireError::Malformed)
-}
-
-/// Encodes a message as one line, newline included.
-///
-/// # Errors
-/// [`WireError::Malformed`] when `T` does not serialise (never for the types
-/// here), [`WireError::LineTooLong`] when the line would exceed the limit.
-pub fn encode_message<T: Serialize>(message: &T) -> Result<Vec<u8>, WireError> {
-    let mut line = serde_json::to_vec(message).map_err(WireError::Malformed)?;
-    line.push(b'\n');
-    if line.len() > MAX_LINE_BYTES {
-        return Err(WireError::LineTooLong);
-    }
-    Ok(line)
-}
-
-/// Writes one message and flushes.
-///
-/// # Errors
-/// As [`encode_message`], plus [`WireError::Io`].
-pub async fn write_message<T, W>(writer: &mut W, message: &T) -> Result<(), WireError>
-where
-    T: Serialize,
-    W: AsyncWrite + Unpin,
-{
-    let line = encode_message(message)?;
-    writer.write_all(&line).await?;
-    writer.flush().await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use serde::de::DeserializeOwned;
+
     use super::*;
+    use crate::codec::{CodecError, LINE_BYTES_MAX, MessageReader, encode_message};
 
     async fn read_all<T: DeserializeOwned>(input: &[u8]) -> Vec<Result<Option<T>, String>> {
-        let mut reader = tokio::io::BufReader::new(input);
+        let mut reader = MessageReader::<T, _>::new(input);
         let mut out = Vec::new();
         for _ in 0..8 {
-            let result = read_message::<T, _>(&mut reader)
-                .await
-                .map_err(|e| e.to_string());
+            let result = reader.next().await.map_err(|e| e.to_string());
             let stop = !matches!(result, Ok(Some(_)));
             out.push(result);
             if stop {
@@ -389,21 +327,21 @@ mod tests {
             read_all::<ControlReply>(b"{\"type\":\"accepted\"}").await,
             vec![Err("connection closed in the middle of a line".to_owned())]
         );
-        let long = vec![b'x'; MAX_LINE_BYTES + 10];
+        let long = vec![b'x'; LINE_BYTES_MAX + 10];
         assert_eq!(
             read_all::<ControlReply>(&long).await,
-            vec![Err(format!("line longer than {MAX_LINE_BYTES} bytes"))]
+            vec![Err(format!("line longer than {LINE_BYTES_MAX} bytes"))]
         );
     }
 
     #[test]
     fn encoding_refuses_oversized_messages() {
         let reply = ControlReply::Refused {
-            reason: "x".repeat(MAX_LINE_BYTES),
+            reason: "x".repeat(LINE_BYTES_MAX),
         };
         assert!(matches!(
             encode_message(&reply),
-            Err(WireError::LineTooLong)
+            Err(CodecError::LineTooLong(_))
         ));
     }
 }

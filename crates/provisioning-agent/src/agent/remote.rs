@@ -25,17 +25,18 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{getpgrp, getpid, getuid, setsid};
-use tokio::io::{AsyncReadExt, BufReader};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use super::env;
+use crate::codec::{MessageReader, encode_message, write_message};
 use crate::credential::NodeCredential;
 use crate::os;
 use crate::wire::{
-    self, BootOrder, ControlReply, FailureStage, PROTOCOL_VERSION, ProgressStage, SwarmHello,
+    BootOrder, ControlReply, FailureStage, PROTOCOL_VERSION, ProgressStage, SwarmHello,
     SwarmNotice, SwarmReply,
 };
 
@@ -122,7 +123,7 @@ impl Status {
     fn report(&self, reply: &ControlReply) {
         tracing::info!(?reply, "boot stage");
         let Some(path) = &self.0 else { return };
-        let Ok(line) = wire::encode_message(reply) else {
+        let Ok(line) = encode_message(reply) else {
             return;
         };
         let file = std::fs::OpenOptions::new()
@@ -329,8 +330,8 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
         };
         let Some(mut connection) = connection else {
             tracing::warn!(
-                ?window,
-                "no swarm to re-join within the window; stopping the node"
+                "no swarm to re-join within {} s; stopping the node",
+                window.as_secs()
             );
             stop_group(&order.run, grace).await;
             return 0;
@@ -341,9 +342,7 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
         }
         tracing::info!(swarm = %order.join.address, "joined the swarm");
         if let Some(notice) = pending_notice.take()
-            && wire::write_message(&mut connection.1, &notice)
-                .await
-                .is_err()
+            && write_message(&mut connection.1, &notice).await.is_err()
         {
             pending_notice = Some(notice);
             continue;
@@ -366,7 +365,7 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
                 },
                 notice = notices.recv() => {
                     let Some(notice) = notice else { continue };
-                    if wire::write_message(&mut connection.1, &notice).await.is_err() {
+                    if write_message(&mut connection.1, &notice).await.is_err() {
                         pending_notice = Some(notice);
                         break;
                     }
@@ -380,8 +379,9 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
     }
 }
 
+/// A welcomed swarm connection; its read half is only watched for its end.
 type Connection = (
-    BufReader<tokio::net::tcp::OwnedReadHalf>,
+    tokio::net::tcp::OwnedReadHalf,
     tokio::net::tcp::OwnedWriteHalf,
 );
 
@@ -400,12 +400,12 @@ async fn dial(order: &BootOrder) -> Result<Connection, String> {
             swarm: order.join.swarm.clone(),
             labels: order.join.labels.clone(),
         };
-        wire::write_message(&mut write, &hello)
+        write_message(&mut write, &hello)
             .await
             .map_err(|e| format!("cannot send the hello: {e}"))?;
-        let mut reader = BufReader::new(read);
-        match wire::read_message::<SwarmReply, _>(&mut reader).await {
-            Ok(Some(SwarmReply::Welcome)) => Ok((reader, write)),
+        let mut reader = MessageReader::<SwarmReply, _>::new(read);
+        match reader.next().await {
+            Ok(Some(SwarmReply::Welcome)) => Ok((reader.into_inner(), write)),
             Ok(Some(SwarmReply::Rejected { reason })) => Err(format!("rejected: {reason}")),
             Ok(None) => Err("the swarm closed the connection".to_owned()),
             Err(e) => Err(format!("bad answer from the swarm: {e}")),

@@ -1,5 +1,6 @@
-//! A swarm listener for remote providers (SSH, Slurm, …), independent of
-//! [`ProcessPlugin`](crate::ProcessPlugin).
+//! The swarm of remote providers (SSH, Slurm, …): the controller's
+//! [`swarm`](crate::swarm) listener with a gate that tracks which keys may
+//! join and for how long a dropped agent may come back.
 //!
 //! A remote provider starts node agents on other machines (see
 //! [`crate::agent`], remote boot mode) that join the run's swarm over TCP.
@@ -10,9 +11,9 @@
 //! - the provider calls [`RemoteSwarm::expect`] for a key before it starts
 //!   that key's agent (and, after a controller restart, for every adopted
 //!   key it lists), and [`RemoteSwarm::forget`] when it destroys it;
-//! - a hello is accepted only when its credential is the one the run's
-//!   [`RunSecret`] derives for the claimed key, the run matches, and the key
-//!   is expected and not connected right now;
+//! - a hello is accepted only when the listener checked its credential
+//!   against the run's [`RunSecret`] and the key is expected and not
+//!   connected right now;
 //! - the listener reports [`RemoteEvent`]s through the callback given to
 //!   `bind`: `Joined` (first join of an expectation), `Rejoined` (a join
 //!   after a connection loss within the re-join grace, or of an adopted
@@ -24,29 +25,27 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use provisioning::RunId;
 use provisioning::observe::LossCause;
-use provisioning::{LogicalNodeId, NodeAttemptId, RunId};
 use provisioning_provider::AttemptKey;
 use thiserror::Error;
-use tokio::io::BufReader;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::credential::{NodeCredential, RunSecret};
-use crate::wire::{self, PROTOCOL_VERSION, SwarmHello, SwarmNotice, SwarmReply};
-
-/// How many swarm connections may be open at once.
-const CONNECTIONS_MAX: usize = 4096;
-
-/// How long a new connection may take to say hello.
-const HELLO_WAIT_MAX: Duration = Duration::from_secs(5);
-
-/// The pause after a failed `accept`.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+use crate::swarm::{ListenerSettings, SwarmGate, accept_joins};
+use crate::wire::SwarmHello;
 
 /// The default time an agent whose connection ended has to re-join before
 /// its node counts as lost.
 pub const DEFAULT_REJOIN_GRACE: Duration = Duration::from_secs(3);
+
+/// How long after the listener starts a join of a key nobody expects yet is
+/// refused quietly (logged at debug level): agents of a crashed controller
+/// re-dial a restarted one for their re-join window, and are refused until
+/// the provider's listing has taken their nodes back
+/// ([`RemoteSwarm::expect_adopted`]) — expected, not a warning.
+pub const RECOVERY_JOIN_QUIET_MAX: Duration = crate::agent::remote::DEFAULT_REJOIN_WINDOW;
 
 /// How a [`RemoteSwarm`] is set up.
 #[derive(Clone, Debug)]
@@ -103,7 +102,8 @@ struct Expectation {
 type Callback = Arc<dyn Fn(RemoteEvent) + Send + Sync>;
 
 struct Inner {
-    run_id: RunId,
+    /// When the listener started (see [`RECOVERY_JOIN_QUIET_MAX`]).
+    started: std::time::Instant,
     secret: RunSecret,
     grace: Duration,
     table: Mutex<BTreeMap<AttemptKey, Expectation>>,
@@ -172,15 +172,25 @@ impl RemoteSwarm {
             None => local,
         };
         let inner = Arc::new(Inner {
-            run_id: config.run_id,
-            secret: config.secret,
+            started: std::time::Instant::now(),
+            secret: config.secret.clone(),
             grace: config.rejoin_grace,
             table: Mutex::new(BTreeMap::new()),
             changed: watch::channel(0).0,
             on_event: Arc::new(on_event),
             shutdown: watch::channel(false).0,
         });
-        tokio::spawn(accept_loop(inner.clone(), listener));
+        let settings = ListenerSettings {
+            run_id: config.run_id,
+            secret: config.secret,
+            keepalive: true,
+            shutdown: inner.shutdown.subscribe(),
+        };
+        tokio::spawn(accept_joins(
+            listener,
+            Arc::new(Gate(inner.clone())),
+            settings,
+        ));
         Ok(RemoteSwarm {
             inner,
             local,
@@ -290,158 +300,111 @@ impl Drop for RemoteSwarm {
     }
 }
 
-async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
-    let permits = Arc::new(Semaphore::new(CONNECTIONS_MAX));
-    let mut shutdown = inner.shutdown.subscribe();
-    // Bounded by the listener's life.
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.wait_for(|closing| *closing) => return,
-            accepted = listener.accept() => accepted,
+/// The listener's view of a [`RemoteSwarm`]: its expectations decide who
+/// may join, and a connection's end starts the re-join grace.
+struct Gate(Arc<Inner>);
+
+/// One admitted connection of the remote swarm.
+struct Member {
+    key: AttemptKey,
+    /// The expectation's generation this connection holds.
+    generation: u64,
+    /// Whether the key had joined before (a re-join, or an adopted key).
+    rejoin: bool,
+}
+
+impl Gate {
+    /// Whether `member` still holds its key's expectation.
+    fn current(&self, member: &Member) -> bool {
+        let inner = &self.0;
+        let held = inner
+            .table()
+            .get(&member.key)
+            .is_some_and(|e| e.generation == member.generation);
+        held && !inner.closing()
+    }
+}
+
+impl SwarmGate for Gate {
+    type Member = Member;
+
+    /// Marks `key` connected.
+    fn admit(&self, key: &AttemptKey, _hello: &SwarmHello) -> Result<Member, String> {
+        let mut table = self.0.table();
+        let entry = table
+            .get_mut(key)
+            .ok_or_else(|| format!("{key} is not expected to join"))?;
+        if entry.connected {
+            return Err(format!("{key} is already connected"));
+        }
+        entry.connected = true;
+        entry.generation += 1;
+        let rejoin = entry.joined_once;
+        entry.joined_once = true;
+        Ok(Member {
+            key: key.clone(),
+            generation: entry.generation,
+            rejoin,
+        })
+    }
+
+    /// A key nobody expects, shortly after the listener started, is most
+    /// likely the agent of a node the controller is still recovering.
+    fn refusal_expected(&self, key: &AttemptKey) -> bool {
+        let inner = &self.0;
+        inner.started.elapsed() < RECOVERY_JOIN_QUIET_MAX && !inner.table().contains_key(key)
+    }
+
+    fn welcomed(&self, member: &Member) {
+        self.0.bump();
+        let event = if member.rejoin {
+            RemoteEvent::Rejoined(member.key.clone())
+        } else {
+            RemoteEvent::Joined(member.key.clone())
         };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "remote swarm listener cannot accept");
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
+        (self.0.on_event)(event);
+    }
+
+    /// Completes once the key is forgotten, re-admitted on another
+    /// connection, or the listener shuts down.
+    async fn withdrawn(&self, member: &Member) {
+        let mut changed = self.0.changed.subscribe();
+        // Bounded by the connection's life: the listener drops this future
+        // when the connection ends.
+        loop {
+            if !self.current(member) {
+                return;
+            }
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn ended(&self, member: Member, cause: Option<LossCause>) {
+        let inner = &self.0;
+        let Member {
+            key, generation, ..
+        } = member;
+        let still_ours = {
+            let mut table = inner.table();
+            match table.get_mut(&key) {
+                Some(entry) if entry.generation == generation => {
+                    entry.connected = false;
+                    true
+                }
+                _ => false,
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "too many swarm connections; refusing one");
-            continue;
-        };
-        let inner = inner.clone();
-        tokio::spawn(async move {
-            serve(inner, stream, peer).await;
-            drop(permit);
-        });
-    }
-}
-
-fn check_hello(inner: &Inner, hello: &SwarmHello) -> Result<AttemptKey, String> {
-    if hello.protocol != PROTOCOL_VERSION {
-        return Err(format!("unsupported protocol version {}", hello.protocol));
-    }
-    if hello.run != inner.run_id.as_str() {
-        return Err(format!(
-            "this swarm belongs to another run than {:?}",
-            hello.run
-        ));
-    }
-    let node = LogicalNodeId::parse(&hello.node).map_err(|error| error.to_string())?;
-    let key = AttemptKey {
-        run_id: RunId::new(hello.run.as_str()),
-        node,
-        attempt: NodeAttemptId::from_raw(hello.attempt),
-    };
-    let credential = NodeCredential::from_hex(&hello.credential)
-        .ok_or_else(|| "the credential is not 32 bytes of hex".to_owned())?;
-    if !inner.secret.verify(&key, &credential) {
-        return Err(format!("invalid credential for {key}"));
-    }
-    Ok(key)
-}
-
-/// Marks `key` connected; returns the event to report and the generation.
-fn admit(inner: &Inner, key: &AttemptKey) -> Result<(RemoteEvent, u64), String> {
-    let mut table = inner.table();
-    let entry = table
-        .get_mut(key)
-        .ok_or_else(|| format!("{key} is not expected to join"))?;
-    if entry.connected {
-        return Err(format!("{key} is already connected"));
-    }
-    entry.connected = true;
-    entry.generation += 1;
-    let event = if entry.joined_once {
-        RemoteEvent::Rejoined(key.clone())
-    } else {
-        RemoteEvent::Joined(key.clone())
-    };
-    entry.joined_once = true;
-    Ok((event, entry.generation))
-}
-
-/// How long a member's connection may be silent before TCP probes it, how
-/// often it probes, and how many unanswered probes end it: a host cut off
-/// without a reset (a partition, a pulled cable) ends its connection within
-/// about 11 s, and its node is lost after the re-join grace.
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
-const KEEPALIVE_PROBES: u32 = 3;
-
-/// Turns TCP keepalive on for a member's connection (see
-/// [`KEEPALIVE_IDLE`]). A socket that refuses it is still served; it then
-/// only notices a reset or a close.
-fn keep_alive(stream: &TcpStream, peer: SocketAddr) {
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_PROBES);
-    if let Err(error) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
-        tracing::warn!(%peer, %error, "cannot turn TCP keepalive on: a silent partition goes unnoticed");
-    }
-}
-
-async fn serve(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr) {
-    keep_alive(&stream, peer);
-    let (read, mut write) = stream.into_split();
-    let mut reader = BufReader::new(read);
-    let hello = match tokio::time::timeout(
-        HELLO_WAIT_MAX,
-        wire::read_message::<SwarmHello, _>(&mut reader),
-    )
-    .await
-    {
-        Ok(Ok(Some(hello))) => hello,
-        Ok(Ok(None)) => return,
-        Ok(Err(error)) => {
-            return reject(&mut write, peer, format!("malformed hello: {error}")).await;
+        inner.bump();
+        if !still_ours || inner.closing() {
+            return;
         }
-        Err(_) => {
-            return reject(
-                &mut write,
-                peer,
-                format!("no hello within {HELLO_WAIT_MAX:?}"),
-            )
-            .await;
-        }
-    };
-    let admitted =
-        check_hello(&inner, &hello).and_then(|key| admit(&inner, &key).map(|a| (key, a)));
-    let (key, (event, generation)) = match admitted {
-        Ok(admitted) => admitted,
-        Err(reason) => return reject(&mut write, peer, reason).await,
-    };
-    if wire::write_message(&mut write, &SwarmReply::Welcome)
-        .await
-        .is_err()
-    {
-        tracing::debug!(node = %key, "agent gone before its welcome");
-    }
-    inner.bump();
-    tracing::info!(node = %key, %peer, "remote agent joined the swarm");
-    (inner.on_event)(event);
-    let cause = hold(&inner, &key, generation, &mut reader).await;
-    let still_ours = {
-        let mut table = inner.table();
-        match table.get_mut(&key) {
-            Some(entry) if entry.generation == generation => {
-                entry.connected = false;
-                true
+        match cause {
+            Some(cause) if cause.is_workload_exit() => lose(inner, &key, generation, cause),
+            _ => {
+                tokio::spawn(grace_timer(inner.clone(), key, generation, Duration::ZERO));
             }
-            _ => false,
-        }
-    };
-    inner.bump();
-    if !still_ours || inner.closing() {
-        return;
-    }
-    match cause {
-        LossCause::WorkloadExited => lose(&inner, &key, generation, cause),
-        _ => {
-            tokio::spawn(grace_timer(inner.clone(), key, generation, Duration::ZERO));
         }
     }
 }
@@ -460,7 +423,11 @@ fn lose(inner: &Inner, key: &AttemptKey, generation: u64, cause: LossCause) {
     };
     if lost && !inner.closing() {
         inner.bump();
-        tracing::info!(node = %key, %cause, "remote node lost");
+        tracing::warn!(
+            "node {} (attempt {}) lost: {cause}",
+            key.node,
+            key.attempt.get()
+        );
         (inner.on_event)(RemoteEvent::Lost(key.clone(), cause));
     }
 }
@@ -468,52 +435,4 @@ fn lose(inner: &Inner, key: &AttemptKey, generation: u64, cause: LossCause) {
 async fn grace_timer(inner: Arc<Inner>, key: AttemptKey, generation: u64, extra: Duration) {
     tokio::time::sleep(inner.grace + extra).await;
     lose(&inner, &key, generation, LossCause::AgentGone);
-}
-
-/// Holds a member's connection until it ends, the workload exits, the key
-/// is forgotten or re-admitted elsewhere, or the listener shuts down.
-async fn hold(
-    inner: &Inner,
-    key: &AttemptKey,
-    generation: u64,
-    reader: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
-) -> LossCause {
-    let mut changed = inner.changed.subscribe();
-    let current = || {
-        inner
-            .table()
-            .get(key)
-            .is_some_and(|e| e.generation == generation)
-            && !inner.closing()
-    };
-    let mut read = std::pin::pin!(wire::read_message::<SwarmNotice, _>(reader));
-    // Bounded by the connection's life.
-    loop {
-        tokio::select! {
-            message = &mut read => {
-                return match message {
-                    Ok(Some(SwarmNotice::WorkloadExited { code, signal })) => {
-                        tracing::warn!(node = %key, ?code, ?signal, "remote workload exited");
-                        LossCause::WorkloadExited
-                    }
-                    Ok(None) => LossCause::AgentGone,
-                    Err(error) => {
-                        tracing::warn!(node = %key, %error, "bad message on a swarm connection");
-                        LossCause::AgentGone
-                    }
-                };
-            }
-            result = changed.changed() => {
-                if result.is_err() || !current() {
-                    return LossCause::AgentGone;
-                }
-            }
-        }
-    }
-}
-
-async fn reject(write: &mut tokio::net::tcp::OwnedWriteHalf, peer: SocketAddr, reason: String) {
-    tracing::warn!(%peer, %reason, "remote swarm join rejected");
-    let reply = SwarmReply::Rejected { reason };
-    let _ = wire::write_message(write, &reply).await;
 }

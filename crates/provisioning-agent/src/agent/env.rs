@@ -27,7 +27,7 @@ pub const COMMAND: &str = "PROVISION_AGENT_COMMAND";
 pub const LOG: &str = "PROVISION_AGENT_LOG";
 
 /// Selects the binary's role. Unset means the agent itself.
-pub(crate) const ROLE: &str = "PROVISION_AGENT_ROLE";
+pub const ROLE: &str = "PROVISION_AGENT_ROLE";
 
 /// The [`ROLE`] value of the wrapper that runs a shell command.
 pub(crate) const ROLE_WORKLOAD: &str = "workload";

@@ -7,19 +7,20 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::unistd::{User, getpid, getuid};
-use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
 use super::{Agent, Phase, env};
+use crate::codec::{CodecError, MessageReader, write_message};
 use crate::credential::NodeCredential;
 use crate::os;
 use crate::wire::{
-    self, BootOrder, ControlReply, ControlRequest, FailureStage, JoinOrder, PROTOCOL_VERSION,
-    ProgressStage, SwarmHello, SwarmNotice, SwarmReply, WireError,
+    BootOrder, ControlReply, ControlRequest, FailureStage, JoinOrder, PROTOCOL_VERSION,
+    ProgressStage, SwarmHello, SwarmNotice, SwarmReply,
 };
 
 /// How long a new control connection may take to send its boot order.
@@ -53,6 +54,13 @@ const REQUEST_QUEUE_MAX: usize = 8;
 /// How many unexpected requests are ignored before the connection counts as
 /// broken.
 const UNEXPECTED_REQUESTS_MAX: usize = 16;
+
+/// How long the agent watches a freshly started workload before it says it
+/// is ready to join. A workload that exits within it (a typo in its start
+/// command, `exit 3`) fails the boot at its start, with its exit status,
+/// instead of joining and being reported lost a moment later: a node whose
+/// workload never ran is never shown ready.
+const WORKLOAD_START_CHECK: Duration = Duration::from_millis(100);
 
 /// How many workload notices may wait for the swarm connection.
 const NOTICE_QUEUE_MAX: usize = 8;
@@ -179,7 +187,7 @@ fn claim(agent: &Agent, order: &BootOrder) -> Result<bool, String> {
 // as a warning, so that the warning appears once.
 async fn refuse(write: &mut OwnedWriteHalf, reason: String) {
     tracing::info!(%reason, "boot order refused");
-    let _ = wire::write_message(write, &ControlReply::Refused { reason }).await;
+    let _ = write_message(write, &ControlReply::Refused { reason }).await;
 }
 
 /// The uid and gid commands run as, when they differ from the agent's own.
@@ -236,12 +244,12 @@ fn resolve_user(name: &str) -> Result<Option<RunAs>, String> {
 /// the first error (which it forwards).
 async fn read_requests(
     read: OwnedReadHalf,
-    requests: mpsc::Sender<Result<ControlRequest, WireError>>,
+    requests: mpsc::Sender<Result<ControlRequest, CodecError>>,
 ) {
-    let mut reader = BufReader::new(read);
+    let mut reader = MessageReader::<ControlRequest, _>::new(read);
     // Bounded by the connection: it ends with the stream or the first error.
     loop {
-        let (forward, stop) = match wire::read_message::<ControlRequest, _>(&mut reader).await {
+        let (forward, stop) = match reader.next().await {
             Ok(Some(request)) => (Ok(request), false),
             Ok(None) => return,
             Err(error) => (Err(error), true),
@@ -257,7 +265,7 @@ struct Boot {
     order: Box<BootOrder>,
     user: Option<RunAs>,
     write: OwnedWriteHalf,
-    requests: mpsc::Receiver<Result<ControlRequest, WireError>>,
+    requests: mpsc::Receiver<Result<ControlRequest, CodecError>>,
 }
 
 /// The connection ended or misbehaved, or the controller cancelled.
@@ -271,7 +279,7 @@ enum Cancelled {
 impl Boot {
     /// Sends a reply; returns whether the controller is still there.
     async fn send(&mut self, reply: ControlReply) -> bool {
-        match wire::write_message(&mut self.write, &reply).await {
+        match write_message(&mut self.write, &reply).await {
             Ok(()) => true,
             Err(error) => {
                 tracing::warn!(%error, "control connection lost");
@@ -281,7 +289,7 @@ impl Boot {
     }
 
     async fn progress(&mut self, stage: ProgressStage) -> Result<(), Cancelled> {
-        tracing::info!(?stage, "boot stage");
+        tracing::info!("boot stage: {}", stage.describe());
         if self.send(ControlReply::Progress { stage }).await {
             Ok(())
         } else {
@@ -295,7 +303,7 @@ impl Boot {
 
     async fn fail(&mut self, stage: FailureStage, detail: String) {
         // The controller logs the failure as a warning (see `refuse`).
-        tracing::info!(?stage, %detail, "boot failed");
+        tracing::info!("boot failed at {}: {detail}", stage.describe());
         self.set_phase(Phase::Failed);
         self.send(ControlReply::Failed { stage, detail }).await;
     }
@@ -352,7 +360,8 @@ impl Boot {
             );
             return;
         }
-        tracing::warn!("the controller abandoned the boot; stopping its commands");
+        // A cancel the controller sent (a teardown, a replacement): expected.
+        tracing::info!("the controller abandoned the boot; stopping its commands");
         self.agent.kill_children();
         self.set_phase(Phase::Abandoned);
     }
@@ -427,21 +436,45 @@ impl Boot {
         }
         self.progress(ProgressStage::AgentStarting).await?;
         let (notices_tx, notices) = mpsc::channel(NOTICE_QUEUE_MAX);
+        let (ended_tx, mut ended) = watch::channel(None::<String>);
         if !self.order.start_command.is_empty() {
             match self.start_workload() {
                 Ok(workload) => {
-                    tokio::spawn(watch_workload(workload, notices_tx));
+                    tokio::spawn(watch_workload(workload, notices_tx, ended_tx));
                 }
                 Err(detail) => {
                     self.fail(FailureStage::Start, detail).await;
                     return Ok(());
                 }
             }
+            let early = self
+                .until_cancelled(async {
+                    let ended =
+                        tokio::time::timeout(WORKLOAD_START_CHECK, ended.wait_for(Option::is_some))
+                            .await;
+                    match ended {
+                        Ok(Ok(how)) => how.clone(),
+                        _ => None,
+                    }
+                })
+                .await?;
+            if let Some(how) = early {
+                let detail = format!("workload {how} right after it started");
+                self.fail(FailureStage::Start, detail).await;
+                return Ok(());
+            }
         }
         *self.agent.notices.lock().await = Some(notices);
         self.set_phase(Phase::Started);
         self.progress(ProgressStage::WaitingForJoin).await?;
         self.wait_for_join().await?;
+        let early = ended.borrow().clone();
+        if let Some(how) = early {
+            // It ended while the controller's go-ahead was on its way.
+            let detail = format!("workload {how} before the node joined");
+            self.fail(FailureStage::Start, detail).await;
+            return Ok(());
+        }
         let join = self.order.join.clone();
         let agent = self.agent.clone();
         let membership = match self.until_cancelled(join_swarm(&agent, &join)).await? {
@@ -584,11 +617,19 @@ async fn collect_tail<R: AsyncRead + Unpin>(mut stream: R, tail: Arc<Mutex<Vec<u
     }
 }
 
-async fn watch_workload(mut workload: Child, notices: mpsc::Sender<SwarmNotice>) {
+async fn watch_workload(
+    mut workload: Child,
+    notices: mpsc::Sender<SwarmNotice>,
+    ended: watch::Sender<Option<String>>,
+) {
     // Bounded by the workload's life; the agent kills it when it stops.
     let notice = match workload.wait().await {
         Ok(status) => {
-            tracing::info!(status = %describe(status), "workload exited");
+            let how =
+                provisioning::observe::WorkloadEnd::from_parts(status.code(), status.signal())
+                    .map_or_else(|| "ended abnormally".to_owned(), |end| end.to_string());
+            tracing::info!("workload {how}");
+            ended.send_replace(Some(how));
             SwarmNotice::WorkloadExited {
                 code: status.code(),
                 signal: status.signal(),
@@ -639,18 +680,14 @@ async fn join_swarm(agent: &Agent, join: &JoinOrder) -> Result<Membership, Strin
         swarm: join.swarm.clone(),
         labels: join.labels.clone(),
     };
-    wire::write_message(&mut write, &hello)
+    write_message(&mut write, &hello)
         .await
         .map_err(|error| format!("cannot send the hello: {error}"))?;
-    let mut reader = BufReader::new(read);
-    let reply = tokio::time::timeout(
-        WELCOME_WAIT_MAX,
-        wire::read_message::<SwarmReply, _>(&mut reader),
-    )
-    .await;
+    let mut reader = MessageReader::<SwarmReply, _>::new(read);
+    let reply = tokio::time::timeout(WELCOME_WAIT_MAX, reader.next()).await;
     match reply {
         Ok(Ok(Some(SwarmReply::Welcome))) => {
-            if !reader.buffer().is_empty() {
+            if reader.has_buffered() {
                 return Err("the swarm sent more than its welcome".to_owned());
             }
             Ok(Membership {
@@ -692,7 +729,7 @@ async fn hold_membership(
             },
             notice = next_notice(&mut notices), if notices_open => match notice {
                 Some(notice) => {
-                    if let Err(error) = wire::write_message(&mut membership.write, &notice).await {
+                    if let Err(error) = write_message(&mut membership.write, &notice).await {
                         break format!("cannot write to the swarm: {error}");
                     }
                 }

@@ -1,4 +1,5 @@
-//! The node agent: the process that is a node of the local provider.
+//! The node agent: the process that is a node (of the local process
+//! provider here; see [`remote`] for the boot mode of remote providers).
 //!
 //! The plugin starts one agent per node attempt, as the leader of a new
 //! process group, configured through the environment (see [`mod@env`]). The
@@ -51,8 +52,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
 
+use crate::codec::encode_message;
 use crate::os;
-use crate::wire::{self, AgentAnnouncement, JoinOrder, SwarmNotice};
+use crate::wire::{AgentAnnouncement, JoinOrder, SwarmNotice};
 
 /// How many control connections the agent serves at once. Only one can boot
 /// it; the others are refused quickly.
@@ -389,7 +391,7 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
 }
 
 fn announce(address: SocketAddr) -> Result<(), AgentError> {
-    let line = wire::encode_message(&AgentAnnouncement::Listening {
+    let line = encode_message(&AgentAnnouncement::Listening {
         address,
         pid: std::process::id(),
     })
@@ -466,7 +468,10 @@ async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 return Ok(());
             }
             Some(reason) = fatal.recv() => {
-                tracing::warn!(%reason, "stopping the node");
+                // The controller ended the membership (the node was lost or
+                // is being stopped) and logs why itself; a warning here
+                // would only repeat it.
+                tracing::info!("stopping the node: {reason}");
                 agent.stop_node().await;
                 return Ok(());
             }
