@@ -895,6 +895,83 @@ fn in_detached_mode_a_restart_after_kill_9_adopts_every_node_without_restarting_
     assert_eq!(run_pids(&cluster), Vec::<i32>::new());
 }
 
+/// Stops (SIGSTOP) a set of processes; dropping it continues them, so a
+/// failed assertion never leaves a frozen process behind.
+struct Frozen(Vec<i32>);
+
+impl Frozen {
+    fn freeze(pids: Vec<i32>) -> Self {
+        for &pid in &pids {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+        }
+        Frozen(pids)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        }
+    }
+}
+
+/// Whether every node of `status` awaits its agent's re-join.
+fn all_rejoining(status: &Value) -> bool {
+    let nodes = nodes(status);
+    !nodes.is_empty()
+        && nodes
+            .iter()
+            .all(|(_, _, stage, ready)| stage == "rejoining" && !ready)
+}
+
+#[test]
+fn in_detached_mode_a_restarted_up_is_not_converged_before_its_agents_rejoin() {
+    let mut cluster = Cluster::new("rejoin");
+    cluster.write_text(&detached_shape(&cluster, &[("web", 3, WORKLOAD)]));
+    cluster.start();
+    let before = cluster.wait_converged(1);
+    let pids_before = settled_run_pids(&cluster);
+    cluster.signal_up(Signal::SIGKILL);
+    let _ = cluster.wait_up_exit();
+
+    // Agents that cannot answer: the restarted controller finds them in
+    // /proc, but none of them can re-join it yet.
+    let frozen = Frozen::freeze(pids_before.clone());
+    cluster.start();
+    let waiting = cluster.wait_for("every node rejoining", all_rejoining);
+    assert_eq!(waiting["converged"], Value::Bool(false), "{waiting}");
+    // For a while (well inside the 60 s rejoin window) nothing changes:
+    // readiness is never taken from the state file.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        if let Some(status) = cluster.status() {
+            assert_eq!(
+                status["converged"],
+                Value::Bool(false),
+                "converged while no agent could re-join: {status}"
+            );
+            assert!(all_rejoining(&status), "{status}");
+        }
+        sleep(POLL_INTERVAL);
+    }
+
+    drop(frozen);
+    let after = cluster.wait_converged(1);
+    for id in ["web-0", "web-1", "web-2"] {
+        assert_eq!(
+            attempt_of(&after, id),
+            attempt_of(&before, id),
+            "{id} re-earned its readiness with the same attempt"
+        );
+    }
+    assert_eq!(
+        settled_run_pids(&cluster),
+        pids_before,
+        "no agent or workload restarted"
+    );
+}
+
 #[test]
 fn in_detached_mode_kill_9_at_any_point_of_a_bring_up_ends_with_exactly_the_desired_agents() {
     const NODES: u32 = 20;

@@ -194,6 +194,18 @@ impl Shared {
         }
     }
 
+    /// Reports that the adopted agent of `key` re-joined this controller
+    /// (quiet or not), unless the plugin is closing.
+    pub(crate) fn report_rejoined(&self, key: &AttemptKey) {
+        if self.is_closing() {
+            return;
+        }
+        tracing::debug!(node = %key, "adopted agent re-joined");
+        if let Some(sink) = self.sink() {
+            sink.rejoined(key);
+        }
+    }
+
     /// Reports the loss of a node, unless the plugin is closing.
     pub(crate) fn report_lost(&self, key: &AttemptKey, cause: LossCause) {
         if self.is_closing() {

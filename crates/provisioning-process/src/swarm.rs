@@ -38,10 +38,16 @@ impl SwarmGate for Gate {
     type Member = AttemptKey;
 
     /// Admits the agent of `key` into the swarm if its session waits for
-    /// it, and reports the join.
+    /// it, and reports the join. The join of a quiet re-attach (an agent a
+    /// restarted controller adopted) is reported as a re-join instead: it
+    /// is what re-earns the readiness of a node recovered as ready.
     fn admit(&self, key: &AttemptKey, hello: &SwarmHello) -> Result<AttemptKey, String> {
-        admit(&self.0, key, &hello.swarm)?;
-        self.0.report(key, BootstrapEvent::Joined);
+        let reattach = admit(&self.0, key, &hello.swarm)?;
+        if reattach {
+            self.0.report_rejoined(key);
+        } else {
+            self.0.report(key, BootstrapEvent::Joined);
+        }
         Ok(key.clone())
     }
 
@@ -77,8 +83,9 @@ impl SwarmGate for Gate {
     }
 }
 
-/// Marks the session of `key` joined if it waits for the join of `swarm`.
-fn admit(shared: &Shared, key: &AttemptKey, swarm: &str) -> Result<(), String> {
+/// Marks the session of `key` joined if it waits for the join of `swarm`;
+/// returns whether that session is a quiet re-attach.
+fn admit(shared: &Shared, key: &AttemptKey, swarm: &str) -> Result<bool, String> {
     let mut table = shared.table();
     let entry = table
         .get_mut(key)
@@ -101,7 +108,7 @@ fn admit(shared: &Shared, key: &AttemptKey, swarm: &str) -> Result<(), String> {
     match session.state {
         SessionState::AwaitingJoin => {
             session.state = SessionState::Joined;
-            Ok(())
+            Ok(session.quiet)
         }
         SessionState::Joined | SessionState::Closed => Err(format!("{key} already joined")),
         other => Err(format!(

@@ -228,6 +228,11 @@ impl Shared {
             RemoteEvent::Joined(key) => self.joined(&key, false),
             RemoteEvent::Rejoined(key) => {
                 tracing::info!(node = %key, "agent re-joined the swarm");
+                // Re-earns the readiness of a node recovered as ready;
+                // changes nothing for any other node.
+                if let Some(sink) = lock(&self.sink).as_ref() {
+                    sink.rejoined(&key);
+                }
                 self.joined(&key, true);
             }
             RemoteEvent::Lost(key, cause) => {

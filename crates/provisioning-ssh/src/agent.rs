@@ -153,6 +153,13 @@ impl Shared {
         }
     }
 
+    pub(crate) fn report_rejoined(&self, key: &AttemptKey) {
+        tracing::debug!(node = %key, "agent re-joined");
+        if let Some(sink) = lock(&self.sink).as_ref() {
+            sink.rejoined(key);
+        }
+    }
+
     pub(crate) fn report_lost(&self, key: &AttemptKey, cause: LossCause) {
         tracing::info!(node = %key, %cause, "node lost");
         if let Some(sink) = lock(&self.sink).as_ref() {
@@ -205,8 +212,16 @@ impl Shared {
 
     /// The swarm listener's callback.
     pub(crate) fn on_event(&self, event: RemoteEvent) {
+        let rejoin = matches!(event, RemoteEvent::Rejoined(_));
         match event {
             RemoteEvent::Joined(key) | RemoteEvent::Rejoined(key) => {
+                if rejoin {
+                    // An adopted agent re-joined a restarted controller (or
+                    // a dropped one came back): that re-earns the readiness
+                    // of a node recovered as ready; otherwise it changes
+                    // nothing.
+                    self.report_rejoined(&key);
+                }
                 let join_now = {
                     let mut agents = self.agents();
                     let state = agents.entry(key.clone()).or_default();
