@@ -580,7 +580,7 @@ pub(crate) fn fold_bootstrap(
             facts.stage = BootstrapStage::Failed(*failure);
             fail_attempt(
                 node,
-                format!("bootstrap failed ({failure:?}): {detail}"),
+                format!("bootstrap failed: {failure}: {detail}"),
                 false,
                 ctx,
             )?;

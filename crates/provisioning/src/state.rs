@@ -144,6 +144,19 @@ impl BootstrapFailure {
     ];
 }
 
+/// What an operator reads: the stage of the bootstrap that failed.
+impl std::fmt::Display for BootstrapFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BootstrapFailure::ConnectFailed => "could not reach the node's agent",
+            BootstrapFailure::BootCheckFailed => "a boot check failed",
+            BootstrapFailure::StartFailed => "the agent or its workload did not start",
+            BootstrapFailure::JoinFailed => "the agent did not join the swarm",
+            BootstrapFailure::StreamError => "the bootstrap stream broke",
+        })
+    }
+}
+
 /// The last bootstrap fact folded for a session.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,

@@ -602,6 +602,10 @@ fn classification_bootstrap_runtime_and_join_failures_fail_the_attempt() {
         d.apply_observation(&bootstrap(&op, event), at(0)).unwrap();
         let n = &d.state().nodes[&node("g-0")];
         assert_eq!(n.record.stage, NodeStage::Failed, "{failure:?}");
+        // The operator reads the failed stage in words, not a Rust name.
+        let error = n.retry.last_error.as_deref().unwrap_or_default();
+        assert_eq!(error, format!("bootstrap failed: {failure}: boom"));
+        assert!(!error.contains(&format!("{failure:?}")), "{error}");
         assert!(
             n.record.session_active(),
             "the session is cancelled by cleanup"

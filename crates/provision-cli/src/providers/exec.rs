@@ -61,14 +61,7 @@ impl ProviderModule for Exec {
         _run_id: &RunId,
         table: Option<Spanned<DeValue<'_>>>,
     ) -> Result<Arc<dyn ConfiguredProvider>, ShapeFileError> {
-        let Some(table) = table else {
-            return Err(at.error(
-                None,
-                Some("providers.exec".to_owned()),
-                "the file has no [providers.exec] table",
-            ));
-        };
-        let spanned: Spanned<FileExecProvider> = at.deserialize_value(table, "providers.exec")?;
+        let spanned: Spanned<FileExecProvider> = super::read_table(at, KIND, table)?;
         let exec = spanned.get_ref();
         if exec.command.first().is_none_or(|c| c.trim().is_empty()) {
             return Err(at.error(

@@ -68,6 +68,29 @@ pub(crate) fn retry_policy() -> RetryPolicy {
     }
 }
 
+/// The `[providers.KIND]` table of a provider that
+/// [needs one](ProviderModule::needs_table), read as `T`. The shape file
+/// configures such a provider only when its table is there; a missing one
+/// is still refused as such rather than trusted away.
+///
+/// # Errors
+/// The table is missing, or its first problem, placed.
+pub(crate) fn read_table<'de, T: serde::Deserialize<'de>>(
+    at: &Locator<'_>,
+    kind: &str,
+    table: Option<Spanned<DeValue<'de>>>,
+) -> Result<Spanned<T>, ShapeFileError> {
+    let field = format!("providers.{kind}");
+    let Some(table) = table else {
+        return Err(at.error(
+            None,
+            Some(field),
+            format!("the file has no [providers.{kind}] table"),
+        ));
+    };
+    at.deserialize_value(table, &field)
+}
+
 /// One provider as the CLI knows it: how the shape file declares it and
 /// what it starts. Every error it returns is placed in the file with the
 /// [`Locator`] it is handed.

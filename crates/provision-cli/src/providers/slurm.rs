@@ -82,14 +82,7 @@ impl ProviderModule for Slurm {
         _run_id: &RunId,
         table: Option<Spanned<DeValue<'_>>>,
     ) -> Result<Arc<dyn ConfiguredProvider>, ShapeFileError> {
-        let Some(table) = table else {
-            return Err(at.error(
-                None,
-                Some("providers.slurm".to_owned()),
-                "the file has no [providers.slurm] table",
-            ));
-        };
-        let table: Spanned<FileSlurmProvider> = at.deserialize_value(table, "providers.slurm")?;
+        let table: Spanned<FileSlurmProvider> = super::read_table(at, KIND, table)?;
         let settings =
             check(at.path, &table).map_err(|e| at.error(e.span, Some(e.field), e.message))?;
         Ok(Arc::new(settings))

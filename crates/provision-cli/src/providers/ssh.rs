@@ -194,14 +194,7 @@ impl ProviderModule for Ssh {
         run_id: &RunId,
         table: Option<Spanned<DeValue<'_>>>,
     ) -> Result<Arc<dyn ConfiguredProvider>, ShapeFileError> {
-        let Some(table) = table else {
-            return Err(at.error(
-                None,
-                Some("providers.ssh".to_owned()),
-                "the file has no [providers.ssh] table",
-            ));
-        };
-        let table: Spanned<FileSshProvider> = at.deserialize_value(table, "providers.ssh")?;
+        let table: Spanned<FileSshProvider> = super::read_table(at, KIND, table)?;
         let settings = check(at.path, run_id, &table)
             .map_err(|e| at.error(e.span, Some(e.field), e.message))?;
         Ok(Arc::new(settings))
