@@ -226,9 +226,16 @@ async fn start_host(
     shutdown_timeout: Duration,
     metrics: bool,
 ) -> anyhow::Result<Host> {
+    let mut durability = durability;
+    let memo = providers::ProviderMemo::from_notes(durability.notes());
     let mut plugins = Vec::with_capacity(source.providers.len());
     for provider in &source.providers {
-        plugins.push(provider.start(run_id, secret.clone()).await?);
+        plugins.push(provider.start(run_id, secret.clone(), &memo).await?);
+    }
+    for (name, value) in memo.to_notes() {
+        durability
+            .store_note(&name, &value)
+            .map_err(|e| anyhow::anyhow!("cannot write the state file: {e}"))?;
     }
     let mut config = HostConfig::new(run_id.clone());
     config.limits = limits;

@@ -178,7 +178,21 @@ fn free_port() -> u16 {
 
 #[test]
 fn after_kill_9_of_up_a_restart_adopts_every_job_and_its_running_agent() {
-    let mut cluster = SlurmCluster::with_listen("crash", free_port());
+    restart_adopts_every_job(SlurmCluster::with_listen("crash", free_port()));
+}
+
+/// With no `listen` configured, the first `up` picks a port and keeps it in
+/// the run's state; the restarted one listens there again, so the agent
+/// steps it left running re-join it.
+#[test]
+fn without_a_configured_port_a_restart_listens_where_the_agents_redial_and_adopts_them() {
+    restart_adopts_every_job(SlurmCluster::new("crash-default-port"));
+}
+
+/// Converges, kills `up` with SIGKILL, starts it again: every job and agent
+/// step is adopted (same jobs, same attempts, no step started again), the
+/// run converges only once every agent re-joined, and Ctrl-C leaves no job.
+fn restart_adopts_every_job(mut cluster: SlurmCluster) {
     cluster.start();
     let first = cluster.wait_for("convergence with every node ready", |s| {
         s["converged"] == Value::Bool(true) && ready(s) == NODES

@@ -558,6 +558,12 @@ impl SlurmPlugin {
         self.swarm.advertised()
     }
 
+    /// The address the swarm listener is bound to (its port picked when
+    /// the configuration asked for port 0).
+    pub fn listen_address(&self) -> std::net::SocketAddr {
+        self.swarm.local_addr()
+    }
+
     /// Looks once for watched jobs that ended by themselves and reports each
     /// lost; returns how many. (The background watch does this every
     /// `watch_interval`.)

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::DeValue;
 
-use super::{ConfiguredProvider, PluginStart, ProviderModule};
+use super::{ConfiguredProvider, PluginStart, ProviderMemo, ProviderModule};
 use crate::located::{Locator, ShapeFileError};
 
 /// The provider kind a `[providers.exec]` program serves.
@@ -85,7 +85,12 @@ impl ProviderModule for Exec {
 }
 
 impl ConfiguredProvider for ExecSettings {
-    fn start<'a>(&'a self, _run_id: &'a RunId, _secret: RunSecret) -> PluginStart<'a> {
+    fn start<'a>(
+        &'a self,
+        _run_id: &'a RunId,
+        _secret: RunSecret,
+        _memo: &'a ProviderMemo,
+    ) -> PluginStart<'a> {
         Box::pin(start_exec(self))
     }
 

@@ -149,6 +149,56 @@ pub(crate) trait ProviderModule: Sync {
     }
 }
 
+/// What providers keep in the run's state for the next controller of the
+/// run (notes of the state file, named `provider.KIND.…`): a listener's
+/// port that running agents re-dial, for instance. Loaded before the
+/// providers start; whatever they set is stored once all have started.
+#[derive(Debug, Default)]
+pub(crate) struct ProviderMemo {
+    entries: std::sync::Mutex<BTreeMap<String, String>>,
+}
+
+/// The prefix of every note a provider keeps.
+pub(crate) const MEMO_PREFIX: &str = "provider.";
+
+impl ProviderMemo {
+    /// A memo holding the provider notes among `notes` (name, value).
+    pub(crate) fn from_notes<'n>(notes: impl IntoIterator<Item = (&'n str, &'n str)>) -> Self {
+        let entries = notes
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(MEMO_PREFIX))
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect();
+        ProviderMemo {
+            entries: std::sync::Mutex::new(entries),
+        }
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What the run's last controller kept under `provider.{name}`.
+    pub(crate) fn get(&self, name: &str) -> Option<String> {
+        self.entries().get(&format!("{MEMO_PREFIX}{name}")).cloned()
+    }
+
+    /// Keeps `value` under `provider.{name}` for the next controller.
+    pub(crate) fn set(&self, name: &str, value: String) {
+        self.entries().insert(format!("{MEMO_PREFIX}{name}"), value);
+    }
+
+    /// Every entry (full note names), in name order.
+    pub(crate) fn to_notes(&self) -> Vec<(String, String)> {
+        self.entries()
+            .iter()
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect()
+    }
+}
+
 /// What starting a provider's plugin yields, once awaited.
 pub(crate) type PluginStart<'a> =
     Pin<Box<dyn Future<Output = anyhow::Result<PluginEntry>> + Send + 'a>>;
@@ -165,7 +215,14 @@ pub(crate) trait ConfiguredProvider: fmt::Debug + Send + Sync {
     /// Starts its plugin for `run_id`, whose agents prove themselves with
     /// `secret`. Starting binds what it listens on and runs what it runs,
     /// so a provider that cannot work is an error before anything starts.
-    fn start<'a>(&'a self, run_id: &'a RunId, secret: RunSecret) -> PluginStart<'a>;
+    /// `memo` holds what the run's last controller kept, and takes what
+    /// the next one will need.
+    fn start<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        secret: RunSecret,
+        memo: &'a ProviderMemo,
+    ) -> PluginStart<'a>;
 
     /// Itself, for a test to look at its settings.
     #[cfg(test)]

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::DeValue;
 
-use super::{ConfiguredProvider, PluginStart, ProviderModule};
+use super::{ConfiguredProvider, PluginStart, ProviderMemo, ProviderModule};
 use crate::located::{Locator, ShapeFileError};
 
 /// The provider kind of the embedded provider.
@@ -144,7 +144,12 @@ impl ConfiguredProvider for ProcessSettings {
         self.max_concurrent_creates
     }
 
-    fn start<'a>(&'a self, run_id: &'a RunId, secret: RunSecret) -> PluginStart<'a> {
+    fn start<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        secret: RunSecret,
+        _memo: &'a ProviderMemo,
+    ) -> PluginStart<'a> {
         Box::pin(start_process(run_id, secret, self))
     }
 

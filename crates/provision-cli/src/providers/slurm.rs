@@ -5,7 +5,9 @@
 //! ```toml
 //! [providers.slurm]
 //! slurm_conf = "/etc/slurm/slurm.conf"   # optional: SLURM_CONF for every command
-//! listen = "10.0.0.1:7200"               # optional (default 127.0.0.1:0): the swarm listener
+//! listen = "10.0.0.1:7200"               # optional (default 127.0.0.1:0): the swarm listener;
+//!                                        # port 0: the port picked is kept in the run's state
+//!                                        # and bound again by a restarted `up`
 //! advertise = "10.0.0.1:7200"            # optional: what agents dial
 //! agent = "/shared/bin/provision"        # optional: the agent binary as the nodes see it
 //! command_timeout_secs = 30              # optional
@@ -20,6 +22,7 @@
 #[cfg(test)]
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,7 +35,7 @@ use provisioning_slurm::{GroupShape, SlurmPlugin, SlurmPluginConfig, SlurmSettin
 use toml::Spanned;
 use toml::de::DeValue;
 
-use super::{ConfiguredProvider, PluginStart, ProviderModule};
+use super::{ConfiguredProvider, PluginStart, ProviderMemo, ProviderModule};
 use crate::located::{Locator, ShapeFileError};
 
 /// The provider kind `[providers.slurm]` serves, and the name of its
@@ -102,8 +105,13 @@ impl ProviderModule for Slurm {
 }
 
 impl ConfiguredProvider for SlurmCliSettings {
-    fn start<'a>(&'a self, run_id: &'a RunId, secret: RunSecret) -> PluginStart<'a> {
-        Box::pin(start_slurm(run_id, secret, self))
+    fn start<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        secret: RunSecret,
+        memo: &'a ProviderMemo,
+    ) -> PluginStart<'a> {
+        Box::pin(start_slurm(run_id, secret, self, memo))
     }
 
     #[cfg(test)]
@@ -188,6 +196,7 @@ async fn start_slurm(
     run_id: &RunId,
     secret: RunSecret,
     settings: &SlurmCliSettings,
+    memo: &ProviderMemo,
 ) -> anyhow::Result<PluginEntry> {
     let settings = &settings.settings;
     // The table's agent binary, else the slim `provision-agent` beside this
@@ -217,11 +226,49 @@ async fn start_slurm(
     if let Some(secs) = settings.command_timeout_secs {
         config.command_timeout = Duration::from_secs(secs);
     }
-    let plugin = SlurmPlugin::start(config)
-        .await
-        .map_err(|e| anyhow::anyhow!("[providers.slurm]: {e}"))?;
+    // Agent steps outlive a crashed controller and re-dial the address
+    // they were given for their re-join window: with no fixed port
+    // configured, a restarted controller listens on the port the last one
+    // picked, kept in the run's state.
+    let configured = config.listen;
+    let picks_port = configured.port() == 0;
+    let remembered = remembered_listen(memo, configured);
+    if let Some(address) = remembered {
+        config.listen = address;
+    }
+    let plugin = match SlurmPlugin::start(config.clone()).await {
+        Ok(plugin) => plugin,
+        Err(error) if remembered.is_some() => {
+            tracing::warn!(
+                "cannot listen on {} again ({error}): agents the last controller left running cannot re-join, and their nodes will be replaced",
+                config.listen
+            );
+            config.listen = configured;
+            SlurmPlugin::start(config)
+                .await
+                .map_err(|e| anyhow::anyhow!("[providers.slurm]: {e}"))?
+        }
+        Err(error) => return Err(anyhow::anyhow!("[providers.slurm]: {error}")),
+    };
+    if picks_port {
+        memo.set(LISTEN_MEMO, plugin.listen_address().to_string());
+    }
     tracing::info!(swarm = %plugin.swarm_address(), "slurm provider started");
     Ok(PluginEntry::new(Arc::new(plugin)))
+}
+
+/// The memo name of the swarm listener's address (see [`ProviderMemo`]).
+const LISTEN_MEMO: &str = "slurm.listen";
+
+/// The listen address the run's last controller bound, when the table
+/// leaves the port to the system and the address is on the same interface.
+fn remembered_listen(memo: &ProviderMemo, configured: SocketAddr) -> Option<SocketAddr> {
+    if configured.port() != 0 {
+        return None;
+    }
+    memo.get(LISTEN_MEMO)
+        .and_then(|value| value.parse::<SocketAddr>().ok())
+        .filter(|address| address.ip() == configured.ip() && address.port() != 0)
 }
 
 #[cfg(test)]

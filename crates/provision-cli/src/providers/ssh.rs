@@ -39,7 +39,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::DeValue;
 
-use super::{ConfiguredProvider, PluginStart, ProviderModule};
+use super::{ConfiguredProvider, PluginStart, ProviderMemo, ProviderModule};
 use crate::located::{Locator, ShapeFileError};
 
 /// The provider kind `[providers.ssh]` serves.
@@ -202,7 +202,12 @@ impl ProviderModule for Ssh {
 }
 
 impl ConfiguredProvider for SshSettings {
-    fn start<'a>(&'a self, run_id: &'a RunId, secret: RunSecret) -> PluginStart<'a> {
+    fn start<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        secret: RunSecret,
+        _memo: &'a ProviderMemo,
+    ) -> PluginStart<'a> {
         Box::pin(start_ssh(run_id, secret, self))
     }
 

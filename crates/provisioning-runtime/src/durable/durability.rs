@@ -130,6 +130,14 @@ impl Durability {
             .map(String::as_str)
     }
 
+    /// Every note stored, by name, in name order.
+    pub fn notes(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.notes.iter().filter_map(|(key, value)| {
+            key.strip_prefix(NOTE_PREFIX)
+                .map(|name| (name, value.as_str()))
+        })
+    }
+
     /// Stores `value` under `name` in the journal, in a commit of its own
     /// (which, like every commit, marks the run as not cleanly stopped).
     ///
