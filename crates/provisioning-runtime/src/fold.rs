@@ -30,11 +30,14 @@ pub(crate) fn fold_result(
         crate::metrics::operation(result, latency);
     }
     match driver.apply_executor_result(result, now) {
-        Ok(()) => {
-            if let Err(error) = &result.outcome {
+        Ok(()) => match &result.outcome {
+            Err(error) => {
                 tracing::debug!(node = %result.node, op = %result.op, kind = %result.kind, "operation failed: {error}");
             }
-        }
+            Ok(_) => {
+                tracing::trace!(node = %result.node, op = %result.op, kind = %result.kind, "operation succeeded");
+            }
+        },
         Err(error) => {
             tracing::debug!(node = %result.node, op = %result.op, "result not folded: {error}");
         }

@@ -185,6 +185,13 @@ impl FoldContext<'_> {
                 .backoff(node.retry.consecutive_failures, node.attempt),
         )
     }
+
+    fn cleanup_backoff_deadline(&self, node: &ManagedNode) -> Result<Timestamp, ClockSaturated> {
+        self.after(
+            self.policy
+                .cleanup_backoff(node.retry.consecutive_failures, node.attempt),
+        )
+    }
 }
 
 /// Whether folding `outcome` of a `kind` operation may fail. A fold fails
@@ -439,7 +446,11 @@ fn fold_failure(
     let backoff = !deleting
         || kind.is_cleanup()
         || (kind.adopts_after_ambiguity() && node.retry.ambiguous.is_some());
-    node.retry.next_effect_at = if backoff {
+    node.retry.next_effect_at = if kind.is_cleanup() {
+        // Bounded more tightly: the provider may answer again at any moment
+        // (a partition heals), and the slot's replacement waits for it.
+        Some(ctx.cleanup_backoff_deadline(node)?)
+    } else if backoff {
         Some(ctx.backoff_deadline(node)?)
     } else {
         None

@@ -10,7 +10,10 @@ use crate::id::NodeAttemptId;
 /// `backoff_initial * 2^(n-1)`, capped at `backoff_max`. With a non-zero
 /// `jitter_per_mille`, up to that fraction of the delay is taken off, by an
 /// amount derived deterministically from the attempt id — the core reads no
-/// randomness.
+/// randomness. A failed cleanup step (cancelling a session, destroying a
+/// lease) waits at most `cleanup_backoff_max`: it is retried against a
+/// provider that may answer again at any moment (a partition heals), and the
+/// slot's replacement waits for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// The delay after the first failure.
@@ -27,6 +30,8 @@ pub struct RetryPolicy {
     /// controller restart, for its agent to re-join the new controller;
     /// past it the node is lost and replaced.
     pub rejoin_window: Duration,
+    /// The largest delay before a failed cleanup step is tried again.
+    pub cleanup_backoff_max: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -38,6 +43,7 @@ impl Default for RetryPolicy {
             operation_timeout: Duration::from_secs(30),
             endpoint_probe_interval: Duration::from_secs(1),
             rejoin_window: Duration::from_secs(60),
+            cleanup_backoff_max: Duration::from_secs(2),
         }
     }
 }
@@ -76,6 +82,14 @@ impl RetryPolicy {
         let nanos = base_nanos - reduction;
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
+
+    /// The delay before a cleanup step of `attempt` that failed (the
+    /// `failures`-th consecutive failure) is tried again: the
+    /// [backoff](Self::backoff), at most `cleanup_backoff_max`.
+    pub fn cleanup_backoff(&self, failures: u32, attempt: NodeAttemptId) -> Duration {
+        self.backoff(failures, attempt)
+            .min(self.cleanup_backoff_max)
+    }
 }
 
 /// A fixed bit mixer (the SplitMix64 finaliser), used to derive jitter.
@@ -96,6 +110,21 @@ mod tests {
             Duration::from_millis(expected_ms),
             "failures = {failures}"
         );
+    }
+
+    #[test]
+    fn a_failed_cleanup_step_waits_the_backoff_up_to_its_own_cap() {
+        let policy = RetryPolicy::default();
+        let attempt = NodeAttemptId::from_raw(7);
+        assert_eq!(policy.cleanup_backoff(1, attempt), Duration::from_secs(1));
+        assert_eq!(policy.cleanup_backoff(2, attempt), Duration::from_secs(2));
+        for failures in [3, 6, 40] {
+            assert!(policy.backoff(failures, attempt) > policy.cleanup_backoff_max);
+            assert_eq!(
+                policy.cleanup_backoff(failures, attempt),
+                policy.cleanup_backoff_max
+            );
+        }
     }
 
     #[test]

@@ -32,6 +32,13 @@ impl FoldCause<'_> {
         self.succeeded_with(|o| matches!(o, EffectOutput::Endpoint(EndpointLookup::NotReady)))
     }
 
+    /// A cleanup step (cancel, destroy) that failed, or whose output is of
+    /// another operation (which the driver folds as a failure).
+    pub(super) fn is_failed_cleanup(&self) -> bool {
+        matches!(self, FoldCause::Result(r) if r.kind.is_cleanup()
+            && !r.outcome.as_ref().is_ok_and(|output| output.kind() == r.kind))
+    }
+
     pub(super) fn describe(&self) -> String {
         match self {
             FoldCause::Result(r) => match &r.outcome {

@@ -51,7 +51,14 @@ pub(crate) fn g09_delays_follow_the_policy(
     if retry.next_effect_at != before.retry.next_effect_at {
         if let Some(at) = retry.next_effect_at {
             let probe = plus_ms(now, policy.endpoint_probe_interval);
-            let expected = if cause.is_probe() { probe } else { backoff };
+            let cleanup = plus_ms(now, policy.cleanup_backoff(failures, after.attempt));
+            let expected = if cause.is_probe() {
+                probe
+            } else if cause.is_failed_cleanup() {
+                cleanup
+            } else {
+                backoff
+            };
             ensure(
                 expected == Some(at.as_millis()),
                 GuaranteeId::BackoffDiscipline,
