@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use provisioning_slurm::testbed::Testbed;
 use serde_json::Value;
-use up::{Bounds, POLL_INTERVAL, Up, nodes, ready};
+use up::{Bounds, CrashPoints, POLL_INTERVAL, Up, nodes, ready, ready_nodes};
 
 const BOUNDS: Bounds = Bounds {
     converge: Duration::from_secs(120),
@@ -270,4 +270,75 @@ fn restart_adopts_every_job(mut cluster: SlurmCluster) {
         "jobs left after Ctrl-C\n{}",
         cluster.up_output()
     );
+}
+
+/// Crash chaos on Slurm: `kill -9` of `up` at pseudo-random points of a
+/// bring-up, ten times. After each restart: exactly the declared jobs (by
+/// `squeue`), one per slot, each its node's current attempt; every node
+/// that was ready before the crash keeps its attempt and its job (its
+/// workload never restarted); and Ctrl-C leaves no job of the run.
+#[test]
+fn kill_9_of_up_at_pseudo_random_points_of_a_slurm_bring_up_ends_with_exactly_the_declared_jobs() {
+    const CRASHES: u32 = 10;
+    let mut cluster = SlurmCluster::new("chaos");
+    let mut points = CrashPoints::new(0x9e37_79b9_7f4a_7c15);
+    for crash in 0..CRASHES {
+        cluster.start();
+        sleep(points.next_below(Duration::from_millis(3_000)));
+        let before = cluster
+            .up
+            .status()
+            .map(|s| ready_nodes(&s))
+            .unwrap_or_default();
+        let jobs_before = cluster.bed.live_jobs(&cluster.prefix());
+        cluster.up.kill();
+
+        cluster.start();
+        let status = cluster.wait_for("convergence after the restart", |s| {
+            s["converged"] == Value::Bool(true) && ready(s) == NODES
+        });
+        let jobs = cluster.bed.live_jobs(&cluster.prefix());
+        let mut names: Vec<String> = jobs.iter().map(|(_, name, ..)| name.clone()).collect();
+        names.sort();
+        let expected: Vec<String> = {
+            let mut expected: Vec<String> = nodes(&status)
+                .iter()
+                .map(|(id, attempt, ..)| format!("{}{id}+a{attempt}", cluster.prefix()))
+                .collect();
+            expected.sort();
+            expected
+        };
+        assert_eq!(
+            names,
+            expected,
+            "crash {crash}: exactly one live job per node, of its current attempt\n{}",
+            cluster.up_output()
+        );
+        for (id, attempt) in &before {
+            let name = format!("{}{id}+a{attempt}", cluster.prefix());
+            let was = jobs_before
+                .iter()
+                .find(|(_, n, ..)| *n == name)
+                .map(|j| j.0);
+            let is = jobs.iter().find(|(_, n, ..)| *n == name).map(|j| j.0);
+            assert!(
+                was.is_some() && was == is,
+                "crash {crash}: {name}, ready before the crash, kept its job ({was:?} then {is:?})\n{}",
+                cluster.up_output()
+            );
+        }
+        cluster.up.signal(Signal::SIGINT);
+        let exit = cluster.wait_up_exit();
+        assert!(
+            exit.success(),
+            "crash {crash}: up exited with {exit}\n{}",
+            cluster.up_output()
+        );
+        assert_eq!(
+            cluster.live_job_ids(),
+            Vec::<u64>::new(),
+            "crash {crash}: jobs left after Ctrl-C\n{}",
+            cluster.up_output()
+        );
+    }
 }

@@ -24,7 +24,7 @@ use nix::unistd::Pid;
 use provisioning::RunId;
 use provisioning_agent::os;
 use serde_json::Value;
-use up::{BINARY, Bounds, POLL_INTERVAL, Up, nodes, ready};
+use up::{BINARY, Bounds, CrashPoints, POLL_INTERVAL, Up, nodes, ready, ready_nodes};
 
 const BOUNDS: Bounds = Bounds {
     // The first bring-up uploads the agent.
@@ -486,6 +486,82 @@ fn after_kill_9_of_up_mid_bring_up_a_restart_adopts_the_running_agents() {
     let exit = cluster.wait_up_exit();
     assert!(exit.success(), "{exit}\n{}", cluster.up_output());
     cluster.assert_nothing_left();
+}
+
+/// Crash chaos over SSH: `kill -9` of `up` at pseudo-random points of a
+/// bring-up, ten times. After each restart: exactly the declared agents,
+/// one per slot, each its node's current attempt; every node that was ready
+/// before the crash keeps its attempt and its workload process (never
+/// restarted); and a `down` leaves nothing on any host.
+#[test]
+fn kill_9_of_up_at_pseudo_random_points_of_an_ssh_bring_up_ends_with_exactly_the_declared_agents() {
+    const CRASHES: u32 = 10;
+    let mut cluster = SshCluster::new("chaos");
+    let mut points = CrashPoints::new(0x2545_f491_4f6c_dd1d);
+    for crash in 0..CRASHES {
+        cluster.start();
+        sleep(points.next_below(Duration::from_millis(4_000)));
+        let before = cluster
+            .up
+            .status()
+            .map(|s| ready_nodes(&s))
+            .unwrap_or_default();
+        let pids_before = cluster.agent_pids();
+        cluster.signal_up(Signal::SIGKILL);
+        let _ = cluster.wait_up_exit();
+
+        cluster.start();
+        let status = cluster.wait_converged();
+        assert_eq!(
+            cluster.agent_count(),
+            NODES,
+            "crash {crash}: exactly the declared agents: {:?}",
+            cluster.agents()
+        );
+        let claims: Vec<String> = cluster.claims().into_iter().flatten().collect();
+        let mut slots: Vec<&str> = claims.iter().filter_map(|c| c.split('/').next()).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(
+            slots.len(),
+            NODES,
+            "crash {crash}: one claim per slot: {claims:?}"
+        );
+        for (id, attempt, ..) in nodes(&status) {
+            let claim = format!("{id}/a{attempt}");
+            assert!(
+                claims.contains(&claim),
+                "crash {crash}: {claim} is current but holds no claim: {claims:?}"
+            );
+        }
+        let pids_after = cluster.agent_pids();
+        for (id, attempt) in &before {
+            let claim = format!("{id}/a{attempt}");
+            assert!(
+                ready_nodes(&status).contains(&(id.clone(), *attempt)),
+                "crash {crash}: {claim}, ready before the crash, was replaced: {status:#}"
+            );
+            let was = pids_before.iter().find(|(c, _)| *c == claim);
+            let is = pids_after.iter().find(|(c, _)| *c == claim);
+            assert_eq!(
+                was, is,
+                "crash {crash}: the workload of {claim} was restarted"
+            );
+        }
+        let down = cluster.run_bounded(&["down", "--run", cluster.run()], BOUNDS.exit);
+        assert!(
+            down.status.success(),
+            "crash {crash}: {}",
+            String::from_utf8_lossy(&down.stderr)
+        );
+        let exit = cluster.wait_up_exit();
+        assert!(
+            exit.success(),
+            "crash {crash}: {exit}\n{}",
+            cluster.up_output()
+        );
+        cluster.assert_nothing_left();
+    }
 }
 
 #[test]

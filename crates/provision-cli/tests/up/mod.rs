@@ -358,3 +358,31 @@ pub(crate) fn nodes(status: &Value) -> Vec<(String, u64, String, bool)> {
 pub(crate) fn ready(status: &Value) -> usize {
     nodes(status).iter().filter(|(.., ready)| *ready).count()
 }
+
+/// The ready nodes of a status: id and attempt.
+pub(crate) fn ready_nodes(status: &Value) -> Vec<(String, u64)> {
+    nodes(status)
+        .into_iter()
+        .filter(|(.., ready)| *ready)
+        .map(|(id, attempt, ..)| (id, attempt))
+        .collect()
+}
+
+/// A fixed pseudo-random sequence of crash points (xorshift64), so that a
+/// failing chaos run can be told apart from the next by its repetition.
+pub(crate) struct CrashPoints(u64);
+
+impl CrashPoints {
+    pub(crate) fn new(seed: u64) -> Self {
+        CrashPoints(seed.max(1))
+    }
+
+    /// The next delay, below `max`.
+    pub(crate) fn next_below(&mut self, max: Duration) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let max_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX).max(1);
+        Duration::from_millis(self.0 % max_ms)
+    }
+}
