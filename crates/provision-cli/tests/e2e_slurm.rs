@@ -282,6 +282,8 @@ fn kill_9_of_up_at_pseudo_random_points_of_a_slurm_bring_up_ends_with_exactly_th
     const CRASHES: u32 = 10;
     let mut cluster = SlurmCluster::new("chaos");
     let mut points = CrashPoints::new(0x9e37_79b9_7f4a_7c15);
+    // Crashes that found ready nodes to keep: the run is not vacuous.
+    let mut kept_ready = 0;
     for crash in 0..CRASHES {
         cluster.start();
         sleep(points.next_below(Duration::from_millis(3_000)));
@@ -314,6 +316,7 @@ fn kill_9_of_up_at_pseudo_random_points_of_a_slurm_bring_up_ends_with_exactly_th
             "crash {crash}: exactly one live job per node, of its current attempt\n{}",
             cluster.up_output()
         );
+        kept_ready += before.len();
         for (id, attempt) in &before {
             let name = format!("{}{id}+a{attempt}", cluster.prefix());
             let was = jobs_before
@@ -341,4 +344,9 @@ fn kill_9_of_up_at_pseudo_random_points_of_a_slurm_bring_up_ends_with_exactly_th
             cluster.up_output()
         );
     }
+    assert!(
+        kept_ready > 0,
+        "no crash found a ready node: the crash points are all too early"
+    );
+    eprintln!("{kept_ready} ready node(s) kept across {CRASHES} crashes");
 }

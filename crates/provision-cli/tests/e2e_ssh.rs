@@ -498,6 +498,8 @@ fn kill_9_of_up_at_pseudo_random_points_of_an_ssh_bring_up_ends_with_exactly_the
     const CRASHES: u32 = 10;
     let mut cluster = SshCluster::new("chaos");
     let mut points = CrashPoints::new(0x2545_f491_4f6c_dd1d);
+    // Crashes that found ready nodes to keep: the run is not vacuous.
+    let mut kept_ready = 0;
     for crash in 0..CRASHES {
         cluster.start();
         sleep(points.next_below(Duration::from_millis(4_000)));
@@ -535,6 +537,7 @@ fn kill_9_of_up_at_pseudo_random_points_of_an_ssh_bring_up_ends_with_exactly_the
             );
         }
         let pids_after = cluster.agent_pids();
+        kept_ready += before.len();
         for (id, attempt) in &before {
             let claim = format!("{id}/a{attempt}");
             assert!(
@@ -562,6 +565,11 @@ fn kill_9_of_up_at_pseudo_random_points_of_an_ssh_bring_up_ends_with_exactly_the
         );
         cluster.assert_nothing_left();
     }
+    assert!(
+        kept_ready > 0,
+        "no crash found a ready node: the crash points are all too early"
+    );
+    eprintln!("{kept_ready} ready node(s) kept across {CRASHES} crashes");
 }
 
 #[test]
