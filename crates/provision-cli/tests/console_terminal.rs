@@ -354,3 +354,41 @@ fn a_log_line_printed_under_the_live_block_leaves_no_stale_copy_of_it() {
         .unwrap_or(0);
     assert!(last_log < header, "log lines go above the block:\n{screen}");
 }
+
+#[test]
+fn ctrl_c_under_the_live_block_leaves_no_stale_copy_of_its_header() {
+    let mut terminal = Terminal::new("interrupt");
+    let mut shape = format!("run = \"{}\"\n", terminal.run);
+    shape.push_str(&sleeping_group("web", 2));
+    terminal.start(&shape, &[]);
+    let converged = format!(
+        "run {} · generation 1 · converged · 2/2 ready",
+        terminal.run
+    );
+    terminal.wait_screen("a converged block", BRING_UP_BOUND, |s| {
+        s.contains(&converged)
+    });
+    // The terminal echoes typed control keys by default (`^C`); the block
+    // must not be drawn over by the echo.
+    terminal.interrupt();
+    let start = Instant::now();
+    while !terminal.exited() {
+        assert!(
+            start.elapsed() < BRING_UP_BOUND,
+            "up still runs after Ctrl-C:\n{}",
+            terminal.screen()
+        );
+        sleep(POLL_INTERVAL);
+    }
+    let screen = terminal.screen();
+    assert!(screen.contains("bye"), "a clean teardown:\n{screen}");
+    assert_eq!(
+        terminal.headers(&screen),
+        0,
+        "the block is gone, with no stale header left behind:\n{screen}"
+    );
+    assert!(
+        !screen.contains("^C"),
+        "no echoed ^C in the output:\n{screen}"
+    );
+}

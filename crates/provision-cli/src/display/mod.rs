@@ -27,10 +27,53 @@ pub(crate) use self::log_route::LogOutput;
 /// every group and node.
 const LIVE_REBUILD_INTERVAL_MIN: Duration = Duration::from_millis(100);
 
+/// Turns off the echo of typed keys (control keys included) on the
+/// terminal that standard input is, and puts the settings back when
+/// dropped — also when `up` unwinds from a panic.
+#[derive(Debug)]
+struct QuietTerminal {
+    /// In a mutex only to be shared: the settings hold a cell.
+    saved: Mutex<nix::sys::termios::Termios>,
+}
+
+impl QuietTerminal {
+    /// `None` when standard input is no terminal or its settings cannot be
+    /// changed: the block is drawn anyway.
+    fn new() -> Option<Self> {
+        use nix::sys::termios::{LocalFlags, SetArg, tcgetattr, tcsetattr};
+        use std::io::IsTerminal;
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return None;
+        }
+        let saved = tcgetattr(&stdin).ok()?;
+        let mut quiet = saved.clone();
+        quiet
+            .local_flags
+            .remove(LocalFlags::ECHO | LocalFlags::ECHOCTL);
+        tcsetattr(&stdin, SetArg::TCSANOW, &quiet).ok()?;
+        Some(QuietTerminal {
+            saved: Mutex::new(saved),
+        })
+    }
+}
+
+impl Drop for QuietTerminal {
+    fn drop(&mut self) {
+        use nix::sys::termios::{SetArg, tcsetattr};
+        let saved = self.saved.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = tcsetattr(std::io::stdin(), SetArg::TCSANOW, &saved);
+    }
+}
+
 /// Where `up` prints: a live block or plain lines.
 #[derive(Debug)]
 pub(crate) struct Console {
     live: Option<MultiProgress>,
+    /// While the live block is drawn, the terminal echoes no typed keys:
+    /// an echoed `^C` moves the cursor under the block, and the block's
+    /// next clear would leave a stale copy of its header behind.
+    _quiet: Option<QuietTerminal>,
     /// The group ids in the shape file's order: the live block lists groups
     /// as the file does (a snapshot has them in name order).
     group_order: Mutex<Arc<[String]>>,
@@ -43,6 +86,7 @@ impl Console {
     pub(crate) fn new(live: bool) -> Self {
         Console {
             live: live.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stdout())),
+            _quiet: live.then(QuietTerminal::new).flatten(),
             group_order: Mutex::new(Arc::from([])),
         }
     }
