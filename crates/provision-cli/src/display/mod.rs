@@ -71,8 +71,9 @@ impl Drop for QuietTerminal {
 pub(crate) struct Console {
     live: Option<MultiProgress>,
     /// While the live block is drawn, the terminal echoes no typed keys:
-    /// an echoed `^C` moves the cursor under the block, and the block's
-    /// next clear would leave a stale copy of its header behind.
+    /// the block's lines fill the terminal's width, so an echoed `^C` after
+    /// the last one wraps the cursor onto a new line, and the block's next
+    /// clear would leave a stale copy of its header behind.
     _quiet: Option<QuietTerminal>,
     /// The group ids in the shape file's order: the live block lists groups
     /// as the file does (a snapshot has them in name order).
