@@ -447,7 +447,13 @@ impl ProcessPlugin {
         })
     }
 
-    fn boot_order(&self, key: &AttemptKey, spec: &LogicalNodeSpec) -> BootOrder {
+    /// The boot order of `key`'s agent, reached at `endpoint`.
+    fn boot_order(
+        &self,
+        key: &AttemptKey,
+        spec: &LogicalNodeSpec,
+        endpoint: SocketAddr,
+    ) -> BootOrder {
         let template = spec.template();
         BootOrder {
             protocol: PROTOCOL_VERSION,
@@ -465,6 +471,9 @@ impl ProcessPlugin {
                 swarm: template.swarm_join.swarm.clone(),
                 labels: template.swarm_join.labels.clone(),
             },
+            group_size: self.shared.peers.group_size(key.node.group()),
+            address: Some(endpoint.ip().to_string()),
+            on_peers_change: template.boot.on_peers_change.clone(),
             resume_only: false,
         }
     }
@@ -488,6 +497,9 @@ impl ProcessPlugin {
                 swarm: String::new(),
                 labels: std::collections::BTreeMap::new(),
             },
+            group_size: None,
+            address: None,
+            on_peers_change: String::new(),
             resume_only: true,
         }
     }
@@ -664,7 +676,7 @@ impl ProcessPlugin {
             let record = self.begin_session(
                 key,
                 endpoint,
-                self.boot_order(key, &request.spec),
+                self.boot_order(key, &request.spec, endpoint),
                 Some(swarm),
                 false,
             );
@@ -757,6 +769,11 @@ fn parse_loopback(endpoint: &Endpoint) -> Result<SocketAddr, PluginError> {
 impl ProvisionPlugin for ProcessPlugin {
     fn kind(&self) -> &str {
         PROVIDER_KIND
+    }
+
+    /// Pushes the membership to every agent of the swarm.
+    fn membership_changed(&self, membership: &std::sync::Arc<provisioning::Membership>) {
+        self.shared.peers.publish(membership);
     }
 
     fn attach(&self, sink: ObservationSink) {

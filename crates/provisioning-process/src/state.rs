@@ -23,6 +23,7 @@ use crate::plugin::{AgentCommand, AgentLifetime, ProcessPluginConfig};
 use crate::scan::ProcScanner;
 use crate::session::{Handshake, SessionCommand};
 use provisioning_agent::credential::RunSecret;
+use provisioning_agent::peers::PeersFeed;
 
 /// Whether a node's agent process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +115,8 @@ pub(crate) struct Shared {
     serials: AtomicU64,
     /// Scans of `/proc` for the run's processes, shared by every caller.
     pub(crate) scanner: ProcScanner,
+    /// The run's membership, pushed to every agent in the swarm.
+    pub(crate) peers: PeersFeed,
 }
 
 impl Shared {
@@ -131,6 +134,7 @@ impl Shared {
             closing: AtomicBool::new(false),
             shutdown,
             serials: AtomicU64::new(1),
+            peers: PeersFeed::new(),
         }
     }
 

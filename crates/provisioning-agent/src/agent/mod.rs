@@ -32,6 +32,7 @@
 mod boot;
 pub mod env;
 pub mod remote;
+pub mod rendezvous;
 mod wrapper;
 
 use std::ffi::OsString;
@@ -221,6 +222,8 @@ pub(crate) struct Agent {
     pub(crate) notices: Arc<tokio::sync::Mutex<Option<mpsc::Receiver<SwarmNotice>>>>,
     /// The task holding the current swarm membership; a resume replaces it.
     pub(crate) membership: Mutex<Option<AbortHandle>>,
+    /// The node's peers file, once the boot made it; a resume keeps it.
+    pub(crate) peers: Mutex<Option<Arc<rendezvous::PeersFile>>>,
     /// Whether the agent leads its process group (it does when the plugin
     /// started it). Only a leader may take its whole group down.
     leader: bool,
@@ -453,6 +456,7 @@ async fn run(config: AgentConfig) -> Result<(), AgentError> {
             first_join: None,
         }),
         notices: Arc::new(tokio::sync::Mutex::new(None)),
+        peers: Mutex::new(None),
         membership: Mutex::new(None),
         leader,
     });

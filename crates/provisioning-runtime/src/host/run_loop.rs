@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use provisioning::{ClusterDriver, IdempotentEffectExecutor, Observation, Timestamp};
+use provisioning::{ClusterDriver, IdempotentEffectExecutor, Membership, Observation, Timestamp};
 use provisioning_provider::PluginBackendAdapter;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -52,6 +52,8 @@ pub(super) struct HostLoop {
     pub(super) commands: mpsc::Receiver<Command>,
     pub(super) shutdown_rx: watch::Receiver<ShutdownRequest>,
     pub(super) progress: watch::Sender<StatusSnapshot>,
+    /// The membership last handed to the plugins.
+    pub(super) membership: watch::Sender<Option<Arc<Membership>>>,
     pub(super) finished: watch::Sender<Option<ShutdownReport>>,
     pub(super) phase: HostPhase,
     pub(super) teardown_deadline: Option<Instant>,
@@ -236,11 +238,24 @@ impl HostLoop {
                 }
             }
         }
+        self.forward_membership();
         self.publish_if_due();
         if self.phase == HostPhase::ShuttingDown && self.driver.state().nodes.is_empty() {
             return Next::Stop(ShutdownOutcome::Clean);
         }
         Next::Continue
+    }
+
+    /// Hands a changed membership to the plugins (which push it to their
+    /// agents) right after the drive that folded the change.
+    fn forward_membership(&mut self) {
+        let Some(membership) = self.driver.take_membership() else {
+            return;
+        };
+        if let Some(executor) = &self.executor {
+            executor.backend().membership_changed(&membership);
+        }
+        self.membership.send_replace(Some(membership));
     }
 
     fn fold_one_observation(&mut self, observation: &Observation) {
