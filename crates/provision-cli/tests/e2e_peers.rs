@@ -143,6 +143,7 @@ impl Told {
     /// that every group's indices are 0..size, each once.
     fn check_envs(&self, status: &Value, sizes: &[(&str, u32)]) {
         let mut indices: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        let mut addresses = BTreeSet::new();
         for (node, attempt, _, ready) in nodes(status) {
             assert!(ready, "{node} is ready");
             let env = self.env_of(&node, attempt);
@@ -155,9 +156,10 @@ impl Told {
             assert_eq!(env["PROVISION_ATTEMPT"], attempt.to_string());
             let size = sizes.iter().find(|s| s.0 == group).expect("a group").1;
             assert_eq!(env["PROVISION_GROUP_SIZE"], size.to_string(), "{env:?}");
+            let address = env.get("PROVISION_ADDRESS").expect("PROVISION_ADDRESS");
             assert!(
-                !env.get("PROVISION_ADDRESS").is_none_or(String::is_empty),
-                "{env:?}"
+                addresses.insert(address.clone()),
+                "every local node has a loopback address of its own: {address} twice"
             );
             indices.entry(group).or_default().push(index);
         }
@@ -211,6 +213,14 @@ fn every_workload_is_told_its_rank_and_every_peers_file_follows_kills_and_scalin
         String::new,
     );
     told.check_envs(&replaced, &[("head", 1), ("workers", 3)]);
+    let address = |status: &Value| {
+        told.env_of("workers-1", attempt_of(status, "workers-1"))["PROVISION_ADDRESS"].clone()
+    };
+    assert_eq!(
+        address(&first),
+        address(&replaced),
+        "a replacement keeps its slot's address"
+    );
     told.wait_peers_agree(&replaced);
 
     // Scaling up and down: the new ranks are told the new size, and every

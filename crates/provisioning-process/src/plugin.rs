@@ -365,6 +365,15 @@ impl ProcessPlugin {
                 shared.stop_grace.as_millis().to_string(),
             )
             .env(agent_env::COMMAND, shared.agent.encode())
+            .env(
+                agent_env::LISTEN_ADDRESS,
+                shared
+                    .addresses
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .of(&key.node)
+                    .to_string(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
         match &shared.lifetime {
@@ -577,6 +586,13 @@ impl ProcessPlugin {
         let endpoint = os::tcp_listeners(pid)
             .ok()
             .and_then(|found| found.into_iter().find(|a| a.ip().is_loopback()));
+        if let Some(SocketAddr::V4(endpoint)) = endpoint {
+            self.shared
+                .addresses
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .reserve(&key.node, *endpoint.ip());
+        }
         let instance = self.shared.next_serial();
         let (exited_tx, exited) = watch::channel(false);
         {

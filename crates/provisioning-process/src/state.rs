@@ -25,6 +25,8 @@ use crate::session::{Handshake, SessionCommand};
 use provisioning_agent::credential::RunSecret;
 use provisioning_agent::peers::PeersFeed;
 
+use crate::addresses::SlotAddresses;
+
 /// Whether a node's agent process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Life {
@@ -117,6 +119,8 @@ pub(crate) struct Shared {
     pub(crate) scanner: ProcScanner,
     /// The run's membership, pushed to every agent in the swarm.
     pub(crate) peers: PeersFeed,
+    /// Every slot's loopback address.
+    pub(crate) addresses: Mutex<SlotAddresses>,
 }
 
 impl Shared {
@@ -135,6 +139,7 @@ impl Shared {
             shutdown,
             serials: AtomicU64::new(1),
             peers: PeersFeed::new(),
+            addresses: Mutex::new(SlotAddresses::default()),
         }
     }
 

@@ -629,6 +629,7 @@ fn workload_command(
         .env_remove(env::COMMAND)
         .env_remove(env::STOP_GRACE_MS)
         .env_remove(env::DETACHED)
+        .env_remove(env::LISTEN_ADDRESS)
         .env(env::ROLE, env::ROLE_WORKLOAD)
         .env(env::WORKLOAD_COMMAND, shell_command)
         .env(

@@ -128,6 +128,23 @@ pub(crate) struct AgentConfig {
     /// How to start this binary again (for the wrapper role).
     pub(crate) program: PathBuf,
     pub(crate) program_args: Vec<OsString>,
+    /// The loopback address of the control listener.
+    pub(crate) listen: Ipv4Addr,
+}
+
+/// The control listener's address: [`env::LISTEN_ADDRESS`], a loopback
+/// address, or `127.0.0.1`.
+fn listen_address() -> Result<Ipv4Addr, AgentError> {
+    let Ok(value) = std::env::var(env::LISTEN_ADDRESS) else {
+        return Ok(Ipv4Addr::LOCALHOST);
+    };
+    match value.parse::<Ipv4Addr>() {
+        Ok(address) if address.is_loopback() => Ok(address),
+        _ => Err(AgentError::BadEnv {
+            name: env::LISTEN_ADDRESS,
+            value,
+        }),
+    }
 }
 
 fn required(name: &'static str) -> Result<String, AgentError> {
@@ -183,6 +200,7 @@ impl AgentConfig {
             stop_grace: Duration::from_millis(parsed(env::STOP_GRACE_MS)?),
             program: PathBuf::from(program),
             program_args,
+            listen: listen_address()?,
         })
     }
 }
@@ -431,7 +449,7 @@ async fn run(config: AgentConfig) -> Result<(), AgentError> {
     if !leader {
         tracing::warn!("not a process group leader; stopping will kill children one by one");
     }
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+    let listener = TcpListener::bind((config.listen, 0))
         .await
         .map_err(system("binding the control listener"))?;
     let address = listener
