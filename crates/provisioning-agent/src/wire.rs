@@ -353,16 +353,28 @@ impl PeersUpdate {
     }
 }
 
-/// A node's address as its peers reach it, from its endpoint: the host part
-/// of `host:port` (brackets of an IPv6 address removed), or the whole
-/// endpoint when it names no port.
+/// A node's address as its peers reach it, from its endpoint: its host.
+/// An endpoint may be `host:port` (local processes), or a URL such as
+/// `ssh://user@host:port` (SSH) or `slurm://node/job` (Slurm): the scheme,
+/// user, path and port are dropped, and the brackets of an IPv6 address.
 pub fn address_of_endpoint(endpoint: &str) -> String {
     if let Ok(socket) = endpoint.parse::<SocketAddr>() {
         return socket.ip().to_string();
     }
-    match endpoint.rsplit_once(':') {
+    let rest = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    let rest = rest.split('/').next().unwrap_or(rest);
+    let host_port = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    if let Some(bracketed) = host_port.strip_prefix('[') {
+        return bracketed
+            .split_once(']')
+            .map_or(bracketed, |(host, _)| host)
+            .to_owned();
+    }
+    match host_port.rsplit_once(':') {
         Some((host, port)) if !host.contains(':') && port.parse::<u16>().is_ok() => host.to_owned(),
-        _ => endpoint.to_owned(),
+        _ => host_port.to_owned(),
     }
 }
 
@@ -438,6 +450,9 @@ mod tests {
         assert_eq!(address_of_endpoint("node7"), "node7");
         assert_eq!(address_of_endpoint("host.example:22"), "host.example");
         assert_eq!(address_of_endpoint("fe80::1"), "fe80::1");
+        assert_eq!(address_of_endpoint("ssh://me@10.0.0.7:22"), "10.0.0.7");
+        assert_eq!(address_of_endpoint("ssh://me@[fd00::7]:2222"), "fd00::7");
+        assert_eq!(address_of_endpoint("slurm://node3/4711"), "node3");
     }
 
     #[test]
