@@ -167,6 +167,10 @@ impl<S: Substrate> Harness<S> {
             &self.executor_watch.notified,
         );
         self.driver = driver;
+        // The recovered controller hands out a membership of its own,
+        // numbered anew (G35).
+        self.driver.track_membership();
+        self.membership.controller_replaced();
         // The limits are configuration: the new controller is given them too.
         self.driver.set_limits(self.limits.clone());
         let depth = if self.history_off {
