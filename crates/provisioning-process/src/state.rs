@@ -128,6 +128,7 @@ impl Shared {
         let (shutdown, _) = watch::channel(false);
         Shared {
             scanner: ProcScanner::new(config.run_id.clone()),
+            addresses: Mutex::new(SlotAddresses::new(&config.run_id)),
             run_id: config.run_id,
             secret: config.run_secret,
             agent: config.agent,
@@ -139,7 +140,6 @@ impl Shared {
             shutdown,
             serials: AtomicU64::new(1),
             peers: PeersFeed::new(),
-            addresses: Mutex::new(SlotAddresses::default()),
         }
     }
 
