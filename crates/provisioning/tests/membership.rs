@@ -43,7 +43,12 @@ fn membership_lists_ready_nodes_only_and_bumps_its_version_on_change() {
             .all(|m| m.endpoint.0.starts_with("ep-"))
     );
     assert!(d.take_membership().is_none(), "nothing changed since");
+    assert!(!d.membership_pending());
+    d.update_desired(shape(2, vec![group("web", 3, "img")]))
+        .unwrap();
+    assert!(d.membership_pending(), "a group size changed");
     assert_eq!(members(&d.current_membership()), members(&ready));
+    assert_eq!(d.take_membership().unwrap().version, 3);
 }
 
 #[test]

@@ -159,6 +159,7 @@ impl Host {
             shutdown_rx,
             progress: progress_tx,
             membership: membership_tx,
+            membership_taken_at: None,
             finished: finished_tx,
             phase: HostPhase::Running,
             teardown_deadline: None,

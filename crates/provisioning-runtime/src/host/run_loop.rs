@@ -37,6 +37,11 @@ pub(super) enum Next {
     Stop(ShutdownOutcome),
 }
 
+/// The shortest time between two hand-outs of the membership to the
+/// plugins: well inside the 2 s design §22 allows from a fold to the
+/// rewritten peers files.
+pub const MEMBERSHIP_INTERVAL: Duration = Duration::from_millis(250);
+
 /// Everything the loop owns; only the loop touches the driver.
 pub(super) struct HostLoop {
     pub(super) driver: ClusterDriver,
@@ -54,6 +59,8 @@ pub(super) struct HostLoop {
     pub(super) progress: watch::Sender<StatusSnapshot>,
     /// The membership last handed to the plugins.
     pub(super) membership: watch::Sender<Option<Arc<Membership>>>,
+    /// When the membership was last taken from the driver.
+    pub(super) membership_taken_at: Option<Instant>,
     pub(super) finished: watch::Sender<Option<ShutdownReport>>,
     pub(super) phase: HostPhase,
     pub(super) teardown_deadline: Option<Instant>,
@@ -106,6 +113,7 @@ impl HostLoop {
             let teardown = self.teardown_deadline;
             let scan_at = self.durable.as_ref().and_then(DurableLoop::next_scan);
             let publish_at = self.publish_at();
+            let membership_at = self.membership_at();
             tokio::select! {
                 biased;
                 changed = self.shutdown_rx.changed(), if shutdown_open => {
@@ -138,6 +146,7 @@ impl HostLoop {
                 report = recv_report(self.durable.as_mut()) => self.on_orphan_report(report),
                 () = sleep_until_option(scan_at), if scan_at.is_some() => self.start_scan(),
                 () = sleep_until_option(publish_at), if publish_at.is_some() => {}
+                () = sleep_until_option(membership_at), if membership_at.is_some() => {}
                 _ = tick.tick() => self.driver.trigger(),
                 () = tokio::task::yield_now(), if again => {}
             }
@@ -246,9 +255,34 @@ impl HostLoop {
         Next::Continue
     }
 
+    /// When the membership is next taken: `None` while nothing that could
+    /// change it happened; else at once, or [`MEMBERSHIP_INTERVAL`] after
+    /// the last take.
+    pub(super) fn membership_at(&self) -> Option<Instant> {
+        if !self.driver.membership_pending() {
+            return None;
+        }
+        Some(match self.membership_taken_at {
+            Some(at) => at + MEMBERSHIP_INTERVAL,
+            None => Instant::now(),
+        })
+    }
+
     /// Hands a changed membership to the plugins (which push it to their
-    /// agents) right after the drive that folded the change.
+    /// agents) after the drive that folded the change, at most once per
+    /// [`MEMBERSHIP_INTERVAL`]: each hand-out costs the whole list (every
+    /// plugin encodes it, every agent receives it), so a bring-up that makes
+    /// nodes ready in many drives sends a few lists a second, not one per
+    /// drive.
     fn forward_membership(&mut self) {
+        let Some(due) = self.membership_at() else {
+            return;
+        };
+        let now = Instant::now();
+        if now < due {
+            return;
+        }
+        self.membership_taken_at = Some(now);
         let Some(membership) = self.driver.take_membership() else {
             return;
         };

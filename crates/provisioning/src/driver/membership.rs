@@ -19,6 +19,24 @@ impl ClusterDriver {
         });
     }
 
+    /// Whether a take might hand out a new membership: nodes changed since
+    /// the last take, the group sizes changed, or none was handed out yet.
+    /// `false` when the membership is not tracked. Lets a host that paces
+    /// its takes wake only when one is worth it.
+    pub fn membership_pending(&self) -> bool {
+        let Some(tracker) = &self.membership else {
+            return false;
+        };
+        tracker.version == 0
+            || !tracker.dirty.is_empty()
+            || tracker.group_sizes.len() != self.desired().groups().len()
+            || self
+                .desired()
+                .groups()
+                .iter()
+                .any(|(id, group)| tracker.group_sizes.get(id) != Some(&group.count()))
+    }
+
     /// The membership, if it changed since the last take (or this is the
     /// first); `None` when it did not, or when it is not tracked. Costs the
     /// nodes changed since the last take, plus a copy of the members when
