@@ -22,8 +22,9 @@ use crate::wire::{PEERS_LINE_BYTES_MAX, PeersUpdate, SwarmPush};
 pub struct PublishedPeers {
     /// The membership.
     pub membership: Arc<Membership>,
-    /// Its [`SwarmPush::Peers`] line, newline included.
-    pub line: Vec<u8>,
+    /// Its [`SwarmPush::Peers`] line, newline included (empty when too
+    /// long to send); shared by every connection that writes it.
+    pub line: Arc<[u8]>,
 }
 
 /// What the swarm listener watches: the latest published membership, if any.
@@ -64,7 +65,7 @@ impl PeersFeed {
         };
         let published = Arc::new(PublishedPeers {
             membership: membership.clone(),
-            line,
+            line: line.into(),
         });
         self.latest.send_if_modified(|latest| {
             let newer = latest

@@ -45,6 +45,10 @@ pub const SWARM_CONNECTIONS_MAX: usize = 4096;
 /// How long a new connection may take to say hello.
 pub const HELLO_WAIT_MAX: Duration = Duration::from_secs(5);
 
+/// How long writing one membership to a member may take: an agent that
+/// reads nothing for that long is gone.
+const PEERS_WRITE_WAIT_MAX: Duration = Duration::from_secs(10);
+
 /// The pause after a failed `accept` (for example out of file descriptors).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
@@ -259,12 +263,12 @@ async fn serve<G: SwarmGate>(
                     let line = peers
                         .borrow_and_update()
                         .as_ref()
-                        .map(|published| published.line.clone())
-                        .unwrap_or_default();
-                    if line.is_empty() {
+                        .map(|published| published.line.clone());
+                    let Some(line) = line.filter(|line| !line.is_empty()) else {
                         continue;
-                    }
-                    if let Err(error) = write.write_all(&line).await {
+                    };
+                    let written = tokio::time::timeout(PEERS_WRITE_WAIT_MAX, write.write_all(&line)).await;
+                    if let Err(error) = written.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())) {
                         tracing::warn!(
                             "lost the connection to {}'s agent (attempt {}) sending its peers: {error}",
                             key.node,

@@ -294,6 +294,10 @@ pub const PEERS_LINE_BYTES_MAX: usize = 16 * 1024 * 1024;
 pub enum SwarmPush {
     /// The run's membership as the controller held it when it sent it.
     Peers(PeersUpdate),
+    /// A message of a newer controller this agent does not know: ignored,
+    /// so that new kinds of pushes never cost an older agent its node.
+    #[serde(other)]
+    Unknown,
 }
 
 /// The run's membership: its ready nodes, and every group's desired size.
@@ -475,6 +479,10 @@ mod tests {
             "{line}"
         );
         assert_eq!(serde_json::from_str::<SwarmPush>(&line).unwrap(), push);
+        assert_eq!(
+            serde_json::from_str::<SwarmPush>(r#"{"type":"news","x":1}"#).unwrap(),
+            SwarmPush::Unknown
+        );
     }
 
     #[test]

@@ -789,6 +789,7 @@ async fn hold_membership(
                         peers.rewrite(&update);
                     }
                 }
+                Ok(Some(SwarmPush::Unknown)) => tracing::debug!("ignoring an unknown push"),
                 Ok(None) => break "the swarm connection closed".to_owned(),
                 Err(error) => break format!("the swarm connection failed: {error}"),
             },

@@ -373,6 +373,7 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
                 }
                 push = connection.0.next() => match push {
                     Ok(Some(SwarmPush::Peers(update))) => peers.rewrite(&update),
+                    Ok(Some(SwarmPush::Unknown)) => tracing::debug!("ignoring an unknown push"),
                     Ok(None) | Err(_) => {
                         tracing::warn!("swarm connection lost; re-dialing");
                         break;
