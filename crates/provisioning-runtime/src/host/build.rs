@@ -160,6 +160,7 @@ impl Host {
             progress: progress_tx,
             membership: membership_tx,
             membership_taken_at: None,
+            membership_generation: None,
             finished: finished_tx,
             phase: HostPhase::Running,
             teardown_deadline: None,

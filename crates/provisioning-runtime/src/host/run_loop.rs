@@ -61,6 +61,8 @@ pub(super) struct HostLoop {
     pub(super) membership: watch::Sender<Option<Arc<Membership>>>,
     /// When the membership was last taken from the driver.
     pub(super) membership_taken_at: Option<Instant>,
+    /// The desired generation of the last take.
+    pub(super) membership_generation: Option<provisioning::Generation>,
     pub(super) finished: watch::Sender<Option<ShutdownReport>>,
     pub(super) phase: HostPhase,
     pub(super) teardown_deadline: Option<Instant>,
@@ -256,15 +258,17 @@ impl HostLoop {
     }
 
     /// When the membership is next taken: `None` while nothing that could
-    /// change it happened; else at once, or [`MEMBERSHIP_INTERVAL`] after
-    /// the last take.
+    /// change it happened; at once for a new desired generation (its group
+    /// sizes go into the boot orders of the nodes it creates), else
+    /// [`MEMBERSHIP_INTERVAL`] after the last take.
     pub(super) fn membership_at(&self) -> Option<Instant> {
         if !self.driver.membership_pending() {
             return None;
         }
+        let generation = self.driver.desired().generation();
         Some(match self.membership_taken_at {
-            Some(at) => at + MEMBERSHIP_INTERVAL,
-            None => Instant::now(),
+            Some(at) if self.membership_generation == Some(generation) => at + MEMBERSHIP_INTERVAL,
+            _ => Instant::now(),
         })
     }
 
@@ -283,6 +287,7 @@ impl HostLoop {
             return;
         }
         self.membership_taken_at = Some(now);
+        self.membership_generation = Some(self.driver.desired().generation());
         let Some(membership) = self.driver.take_membership() else {
             return;
         };
