@@ -41,7 +41,12 @@ async fn bring_up_reports_every_stage_in_order_and_closes_after_complete() {
     let lease = plugin.create_node(&key, &spec).await.unwrap();
     assert!(!lease.adopted);
     let endpoint = wait_endpoint(&plugin, &key, &lease).await;
-    assert!(endpoint.0.starts_with("127.0.0.1:"), "{endpoint:?}");
+    // The slot's own loopback address (design §22), not 127.0.0.1.
+    let address: std::net::SocketAddr = endpoint.0.parse().expect("an address");
+    assert!(
+        address.ip().is_loopback() && address.ip().to_string() != "127.0.0.1",
+        "{endpoint:?}"
+    );
     let request = BootstrapRequest {
         spec: spec.clone(),
         lease: lease.lease.clone(),
