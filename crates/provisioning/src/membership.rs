@@ -3,9 +3,9 @@
 //! group — what the agents' peers files list (design §22, guarantee G35).
 //!
 //! The driver keeps the membership up to date per changed node once a host
-//! asks for it ([`ClusterDriver::track_membership`]) and hands out a new
+//! asks for it ([`ClusterDriver::track_membership`](crate::ClusterDriver::track_membership)) and hands out a new
 //! [`Membership`], with a higher version, whenever it changed
-//! ([`ClusterDriver::take_membership`]). Whether a node is a member is
+//! ([`ClusterDriver::take_membership`](crate::ClusterDriver::take_membership)). Whether a node is a member is
 //! decided in one place, [`member_of`], so that a new stage that holds a
 //! node back from readiness changes the membership with it.
 

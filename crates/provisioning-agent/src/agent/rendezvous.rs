@@ -2,7 +2,7 @@
 //! environment, and the run's ready nodes, in its peers file.
 //!
 //! Both boot modes (a local agent, [`super::remote`]) give every command they
-//! run the [`workload_env`], and keep one [`PeersFile`] for the node: it is
+//! run the `workload_env`, and keep one `PeersFile` for the node: it is
 //! written empty before the workload starts, so a workload always finds it,
 //! and rewritten atomically (a temporary file, then a rename) with every
 //! [`PeersUpdate`] the controller pushes on the swarm connection. After each
