@@ -289,6 +289,16 @@ impl Agent {
     /// died first) is not waited for, but the final `SIGKILL` of the group
     /// reaches it all the same.
     async fn stop_node(&self) {
+        // The agent may not live to drop it: its process can end with the
+        // group's final `SIGKILL`.
+        if let Some(peers) = self
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            peers.remove();
+        }
         if !self.leader {
             self.kill_children();
             return;

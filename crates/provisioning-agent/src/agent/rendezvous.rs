@@ -155,9 +155,21 @@ impl PeersFile {
     }
 }
 
+impl PeersFile {
+    /// Removes the file, and the run's directory once it is empty: the node
+    /// stops.
+    pub(crate) fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(dir) = self.path.parent() {
+            // Fails while other nodes of the run keep their files: fine.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 impl Drop for PeersFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.remove();
     }
 }
 
