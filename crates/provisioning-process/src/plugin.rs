@@ -336,6 +336,14 @@ impl ProcessPlugin {
             });
         }
         while stops.join_next().await.is_some() {}
+        // Every node of the run on this machine is stopped: what is left of
+        // their peers files (an agent killed before it removed its own) goes.
+        let peers = provisioning_agent::agent::rendezvous::peers_dir(self.shared.run_id.as_str());
+        if let Err(error) = std::fs::remove_dir_all(&peers)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::debug!(dir = %peers.display(), %error, "cannot remove the run's peers files");
+        }
     }
 
     fn check_run(&self, key: &AttemptKey) -> Result<(), PluginError> {

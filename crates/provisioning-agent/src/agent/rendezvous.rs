@@ -40,14 +40,19 @@ pub const PEERS_FILE: &str = "PROVISION_PEERS_FILE";
 /// The longest an `on_peers_change` command may run before it is killed.
 const PEERS_HOOK_RUN_MAX: Duration = Duration::from_secs(10 * 60);
 
-/// Where the agent of `order` keeps its peers file: a directory of the
-/// user's own per run (mode `0700`) under the system's temporary directory,
-/// one file per attempt.
-pub(crate) fn peers_file_path(order: &BootOrder) -> PathBuf {
+/// The directory of `run`'s peers files on this machine for this user
+/// (mode `0700`, under the system's temporary directory). A local provider
+/// that stopped every node of the run removes it, with the files of agents
+/// that were killed before they could remove their own.
+pub fn peers_dir(run: &str) -> PathBuf {
     let uid = nix::unistd::getuid().as_raw();
-    std::env::temp_dir()
-        .join(format!("provision-{uid}-{}", order.run))
-        .join(format!("{}.a{}.peers.json", order.node, order.attempt))
+    std::env::temp_dir().join(format!("provision-{uid}-{run}"))
+}
+
+/// Where the agent of `order` keeps its peers file: one file per attempt in
+/// the run's [`peers_dir`].
+pub(crate) fn peers_file_path(order: &BootOrder) -> PathBuf {
+    peers_dir(&order.run).join(format!("{}.a{}.peers.json", order.node, order.attempt))
 }
 
 /// The environment every command of the node's workload gets, besides the
