@@ -7,7 +7,25 @@
 #   iproute2 (network namespaces for the testbed).
 #   provisioning-slurm tests: slurmctld, slurmd and slurm-client (Slurm's
 #   daemons and commands) and munge (its authentication daemon).
+#
+# Then the Python packages the end-to-end tests use, in a virtual
+# environment at ${PROVISION_TEST_VENV:-/opt/provisioning-test/venv}
+# (made with python3 -m venv when absent):
+#
+#   provision-cli e2e_dask: dask[distributed] (a real distributed engine
+#   across a local fleet, examples/dask.toml).
 set -eu
+
+venv="${PROVISION_TEST_VENV:-/opt/provisioning-test/venv}"
+python_packages="dask[distributed]"
+
+install_python_packages() {
+    if [ ! -x "$venv/bin/python" ]; then
+        python3 -m venv "$venv"
+    fi
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check $python_packages
+}
 
 packages="openssh-server openssh-client util-linux iproute2 slurmctld slurmd slurm-client munge tmux"
 
@@ -19,6 +37,7 @@ for package in $packages; do
 done
 
 if [ -z "$missing" ]; then
+    install_python_packages
     exit 0
 fi
 
@@ -34,3 +53,4 @@ apt-get install -y -qq --no-install-recommends $missing >/dev/null
 # The packages may start a system sshd, munged or Slurm daemons; the tests
 # run their own (with their own configuration) and need none of them.
 echo "test-deps.sh: installed$missing"
+install_python_packages

@@ -541,6 +541,7 @@ fn groups(run_id: &RunId, options: &Options) -> Vec<NodeGroup> {
                     provider: provisioning_process::PROVIDER_KIND.to_owned(),
                     shape: ProviderShape::default(),
                     boot: BootParams {
+                        on_peers_change: String::new(),
                         user: String::new(),
                         verify_commands: vec![VERIFY_COMMAND.to_owned()],
                         start_command: WORKLOAD.to_owned(),

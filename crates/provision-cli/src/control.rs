@@ -16,6 +16,7 @@ use std::time::Duration;
 use provisioning_agent::codec::{
     CodecError, JsonLinesCodec, MessageReader, write_message_with_max_line_bytes,
 };
+use provisioning_agent::wire::PeersUpdate;
 use provisioning_runtime::{HostHandle, PlanReport, ShutdownOutcome, StatusSnapshot};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
@@ -170,6 +171,8 @@ pub(crate) enum Request {
         /// The group.
         group: String,
     },
+    /// The run's membership: what every agent's peers file lists.
+    Peers,
 }
 
 /// The answer of a running `up`.
@@ -192,6 +195,11 @@ pub(crate) enum Response {
         clean: bool,
         /// Nodes still managed when the host stopped.
         remaining_nodes: usize,
+    },
+    /// The run's membership, as the peers files hold it.
+    Peers {
+        /// The ready nodes and every group's desired size.
+        peers: PeersUpdate,
     },
     /// A breaker was closed.
     Resumed {
@@ -328,6 +336,12 @@ async fn respond(request: Request, handle: &HostHandle, providers: &[&'static st
                 },
             }
         }
+        Request::Peers => Response::Peers {
+            peers: handle
+                .membership()
+                .map(|membership| PeersUpdate::from_membership(&membership))
+                .unwrap_or_default(),
+        },
         Request::Resume { group } => {
             match handle
                 .resume(provisioning::GroupId::new(group.as_str()))

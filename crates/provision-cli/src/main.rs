@@ -130,6 +130,19 @@ enum Command {
         #[arg(long, default_value_t = DEFAULT_DOWN_TIMEOUT_SECS, value_name = "SECS")]
         timeout: u64,
     },
+    /// Lists the ready nodes of a running `up`: what every node's peers
+    /// file holds (group, index, node, attempt, address).
+    Peers {
+        /// Prints JSON (the peers file's format).
+        #[arg(long)]
+        json: bool,
+        /// Only the nodes of this group.
+        #[arg(long)]
+        group: Option<String>,
+        /// The run to ask (needed only when several are up).
+        #[arg(long)]
+        run: Option<String>,
+    },
     /// Closes the breaker of GROUP in a running `up`: the group starts new
     /// attempts again at once.
     Resume {
@@ -249,6 +262,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Down { run, timeout } => {
             runtime()?.block_on(down(&location, &state, run, Duration::from_secs(timeout)))
         }
+        Command::Peers { json, group, run } => {
+            runtime()?.block_on(peers(&location, run, group, json))
+        }
         Command::Resume { group, run } => runtime()?.block_on(resume(&location, run, group)),
         Command::Validate { file } => Ok(validate(&file)),
         Command::Conformance {
@@ -304,6 +320,39 @@ async fn status(
         }
         other => unexpected(other),
     }
+}
+
+async fn peers(
+    location: &SocketLocation,
+    run: Option<String>,
+    group: Option<String>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let socket = location.find(run.as_deref()).map_err(anyhow::Error::msg)?;
+    let response = control::ask(&socket, &Request::Peers, control::CLIENT_TIMEOUT)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let Response::Peers { mut peers } = response else {
+        return unexpected(response);
+    };
+    if let Some(group) = &group {
+        if !peers.groups.contains_key(group) {
+            let groups: Vec<&str> = peers.groups.keys().map(String::as_str).collect();
+            eprintln!(
+                "provision: the run has no group {group:?} (its groups: {})",
+                groups.join(", ")
+            );
+            return Ok(ExitCode::from(2));
+        }
+        peers.peers.retain(|peer| &peer.group == group);
+        peers.groups.retain(|name, _| name == group);
+    }
+    if json {
+        print(&format!("{}\n", serde_json::to_string_pretty(&peers)?));
+    } else {
+        print(&display::peers_table(&peers));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn unexpected(response: Response) -> anyhow::Result<ExitCode> {

@@ -82,11 +82,94 @@ impl SshCluster {
                 claims = host.claims().display(),
             ));
         }
+        // Every workload records what it was told, and every rewrite of its
+        // peers file is copied beside it (design §22).
+        let dir = self.up.dir.path().display();
         text.push_str(&format!(
             "\n[[group]]\nid = \"web\"\ncount = {NODES}\nprovider = \"ssh\"\n[group.boot]\n\
-             verify_commands = [\"test -d /proc/self\"]\nstart_command = \"sleep 3600\"\n"
+             verify_commands = [\"test -d /proc/self\"]\n\
+             start_command = \"env | grep ^PROVISION_ > {dir}/env.$PROVISION_NODE_ID.$PROVISION_ATTEMPT; exec sleep 3600\"\n\
+             on_peers_change = \"cp $PROVISION_PEERS_FILE {dir}/hook.$PROVISION_NODE_ID.tmp && mv {dir}/hook.$PROVISION_NODE_ID.tmp {dir}/hook.$PROVISION_NODE_ID.$PROVISION_ATTEMPT\"\n"
         ));
         text
+    }
+
+    /// Waits until every ready node's copy of its peers file lists exactly
+    /// the ready nodes of `status`, each at its host's address, and every
+    /// workload was told its place (design §22).
+    fn wait_peers_agree(&self, status: &Value) {
+        let ready: Vec<(String, u64)> = nodes(status)
+            .into_iter()
+            .filter(|n| n.3)
+            .map(|n| (n.0, n.1))
+            .collect();
+        let hosts: Vec<String> = self
+            .bed
+            .hosts
+            .iter()
+            .map(|h| h.address.to_string())
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let mut disagreeing = Vec::new();
+            for (node, attempt) in &ready {
+                let copy = self.up.read(&format!("hook.{node}.{attempt}"));
+                let listed: Option<Vec<(String, u64, String)>> =
+                    serde_json::from_str::<Value>(&copy).ok().and_then(|v| {
+                        v["peers"].as_array().map(|peers| {
+                            peers
+                                .iter()
+                                .map(|p| {
+                                    (
+                                        p["node"].as_str().unwrap_or_default().to_owned(),
+                                        p["attempt"].as_u64().unwrap_or_default(),
+                                        p["address"].as_str().unwrap_or_default().to_owned(),
+                                    )
+                                })
+                                .collect()
+                        })
+                    });
+                let agrees = listed.as_ref().is_some_and(|listed| {
+                    listed
+                        .iter()
+                        .map(|p| (p.0.clone(), p.1))
+                        .collect::<Vec<_>>()
+                        == ready
+                        && listed.iter().all(|p| hosts.contains(&p.2))
+                });
+                if !agrees {
+                    disagreeing.push(format!("{node}/{attempt}: {listed:?}"));
+                }
+            }
+            if disagreeing.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "peers files did not list {ready:?} at the hosts {hosts:?}: {disagreeing:#?}\n{}",
+                self.up_output()
+            );
+            sleep(POLL_INTERVAL);
+        }
+        for (node, attempt) in &ready {
+            let env = self.up.read(&format!("env.{node}.{attempt}"));
+            let index = node.rsplit('-').next().expect("an index");
+            for told in [
+                format!("PROVISION_NODE_INDEX={index}"),
+                "PROVISION_GROUP=web".to_owned(),
+                format!("PROVISION_GROUP_SIZE={NODES}"),
+                format!("PROVISION_RUN={}", self.run()),
+                format!("PROVISION_ATTEMPT={attempt}"),
+            ] {
+                assert!(env.lines().any(|l| l == told), "{node}: no {told} in {env}");
+            }
+            assert!(
+                env.lines().any(|l| l
+                    .strip_prefix("PROVISION_ADDRESS=")
+                    .is_some_and(|a| hosts.iter().any(|h| h == a))),
+                "{node}: its host's address: {env}"
+            );
+        }
     }
 
     fn start(&mut self) {
@@ -249,6 +332,7 @@ fn an_ssh_fleet_converges_replaces_a_killed_agent_and_ctrl_c_leaves_nothing() {
     let per_host: Vec<usize> = cluster.claims().iter().map(Vec::len).collect();
     assert_eq!(per_host.iter().sum::<usize>(), NODES, "{per_host:?}");
     cluster.assert_only_the_slim_agent_was_uploaded();
+    cluster.wait_peers_agree(&status);
 
     // SIGKILL one remote agent, found in its host's namespace.
     let (host, victim) = cluster
@@ -286,6 +370,7 @@ fn an_ssh_fleet_converges_replaces_a_killed_agent_and_ctrl_c_leaves_nothing() {
                 .any(|n| n.0 == node && n.1 > old_attempt && n.3)
     });
     assert_eq!(nodes(&status).len(), NODES);
+    cluster.wait_peers_agree(&status);
     assert!(!process_alive(&victim.to_string()));
     assert_eq!(
         cluster.agent_count(),

@@ -188,6 +188,20 @@ pub fn encode_message<M: Serialize>(message: &M) -> Result<Vec<u8>, CodecError> 
     encode_line(message, LINE_BYTES_MAX)
 }
 
+/// Encodes `message` as one line of at most `max_line_bytes`, newline
+/// included: [`encode_message`] for a channel whose readers use
+/// [`JsonLinesCodec::with_max_line_bytes`].
+///
+/// # Errors
+/// As [`encode_message`], with [`CodecError::LineTooLong`] over
+/// `max_line_bytes`.
+pub fn encode_message_with_max_line_bytes<M: Serialize>(
+    message: &M,
+    max_line_bytes: usize,
+) -> Result<Vec<u8>, CodecError> {
+    encode_line(message, max_line_bytes)
+}
+
 /// Writes `message` as one line and flushes. Not cancel-safe (see the
 /// module documentation).
 ///

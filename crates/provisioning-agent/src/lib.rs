@@ -15,7 +15,9 @@
 //! - [`swarm`] — the controller's swarm listener, where agents join with
 //!   their credentials; [`remote`] — its use by remote providers
 //!   ([`RemoteSwarm`](remote::RemoteSwarm)). The process provider uses the
-//!   listener with a gate of its own.
+//!   listener with a gate of its own. [`peers`] — the run's membership the
+//!   listener pushes to every member, which the agent writes to the peers
+//!   file.
 //! - [`os`] — the tags every process of a node carries, and counting and
 //!   signalling tagged processes through `/proc`: the agent finds its own
 //!   node's processes with it, the process provider a run's.
@@ -24,6 +26,7 @@ pub mod agent;
 pub mod codec;
 pub mod credential;
 pub mod os;
+pub mod peers;
 pub mod remote;
 pub mod swarm;
 pub mod wire;

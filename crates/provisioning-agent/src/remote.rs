@@ -25,14 +25,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use provisioning::RunId;
 use provisioning::observe::LossCause;
+use provisioning::{GroupId, Membership, RunId};
 use provisioning_provider::AttemptKey;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::credential::{NodeCredential, RunSecret};
+use crate::peers::PeersFeed;
 use crate::swarm::{ListenerSettings, SwarmGate, accept_joins};
 use crate::wire::SwarmHello;
 
@@ -110,6 +111,8 @@ struct Inner {
     changed: watch::Sender<u64>,
     on_event: Callback,
     shutdown: watch::Sender<bool>,
+    /// The run's membership, pushed to every member.
+    peers: PeersFeed,
 }
 
 impl Inner {
@@ -179,12 +182,14 @@ impl RemoteSwarm {
             changed: watch::channel(0).0,
             on_event: Arc::new(on_event),
             shutdown: watch::channel(false).0,
+            peers: PeersFeed::new(),
         });
         let settings = ListenerSettings {
             run_id: config.run_id,
             secret: config.secret,
             keepalive: true,
             shutdown: inner.shutdown.subscribe(),
+            peers: inner.peers.subscribe(),
         };
         tokio::spawn(accept_joins(
             listener,
@@ -285,6 +290,17 @@ impl RemoteSwarm {
                 Ok(Err(_)) | Err(_) => return false,
             }
         }
+    }
+
+    /// Pushes the run's `membership` to every connected agent (and to every
+    /// agent that joins later), unless a newer one was pushed already.
+    pub fn publish_peers(&self, membership: &Arc<Membership>) {
+        self.inner.peers.publish(membership);
+    }
+
+    /// The desired size of `group` in the latest membership pushed.
+    pub fn group_size(&self, group: &GroupId) -> Option<u32> {
+        self.inner.peers.group_size(group)
     }
 
     /// The keys currently expected, in order.

@@ -13,7 +13,10 @@
 //! gate [withdraws](SwarmGate::withdrawn) the membership, and tells the gate
 //! how it [ended](SwarmGate::ended). Anything refused is logged, answered
 //! with [`SwarmReply::Rejected`] (whose reason never holds secret material),
-//! and changes nothing.
+//! and changes nothing. A member is sent the run's membership (the latest
+//! line of [`ListenerSettings::peers`]) right after its welcome and again
+//! whenever it changes: the peers push of design §22, over the connection
+//! the agent already holds.
 //!
 //! Users: the process plugin (agents on this machine, over loopback) and
 //! [`RemoteSwarm`](crate::remote::RemoteSwarm) (agents of remote providers).
@@ -26,12 +29,14 @@ use std::time::Duration;
 use provisioning::observe::LossCause;
 use provisioning::{LogicalNodeId, NodeAttemptId, RunId};
 use provisioning_provider::AttemptKey;
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
 use crate::codec::{CodecError, MessageReader, write_message};
 use crate::credential::{NodeCredential, RunSecret};
+use crate::peers::PeersSubscription;
 use crate::wire::{PROTOCOL_VERSION, SwarmHello, SwarmNotice, SwarmReply};
 
 /// How many swarm connections (joined or joining) may be open at once.
@@ -39,6 +44,10 @@ pub const SWARM_CONNECTIONS_MAX: usize = 4096;
 
 /// How long a new connection may take to say hello.
 pub const HELLO_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// How long writing one membership to a member may take: an agent that
+/// reads nothing for that long is gone.
+const PEERS_WRITE_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// The pause after a failed `accept` (for example out of file descriptors).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -108,6 +117,9 @@ pub struct ListenerSettings {
     pub keepalive: bool,
     /// The listener stops accepting once this turns `true`.
     pub shutdown: watch::Receiver<bool>,
+    /// The run's membership, pushed to every member
+    /// ([`PeersFeed::subscribe`](crate::peers::PeersFeed::subscribe)).
+    pub peers: PeersSubscription,
 }
 
 /// Accepts swarm connections on `listener` until `settings.shutdown` turns
@@ -230,45 +242,85 @@ async fn serve<G: SwarmGate>(
     // Only notices follow a hello; the reader keeps anything already
     // received after it.
     let mut notices = hellos.retyped::<SwarmNotice>();
-    let cause = tokio::select! {
-        () = gate.withdrawn(&member) => None,
-        message = notices.next() => Some(match message {
-            Ok(Some(SwarmNotice::WorkloadExited { code, signal })) => {
-                // The node no longer does its work. Whether that is a loss
-                // is the gate's to say (a stop the controller ordered ends
-                // the workload too), so it logs what it decides.
-                let cause = LossCause::workload(code, signal);
-                tracing::debug!(node = %key, %cause, "the agent says its workload ended");
-                cause
+    let mut peers = settings.peers.clone();
+    // The member learns the membership as it is now, then every change.
+    peers.mark_changed();
+    let cause = {
+        let withdrawn = gate.withdrawn(&member);
+        tokio::pin!(withdrawn);
+        let mut peers_open = true;
+        // Bounded by the membership's life: every arm but a membership
+        // change ends it, and those come one per change of the run.
+        loop {
+            tokio::select! {
+                () = &mut withdrawn => break None,
+                message = notices.next() => break Some(member_ended(&key, message)),
+                changed = peers.changed(), if peers_open => {
+                    if changed.is_err() {
+                        peers_open = false;
+                        continue;
+                    }
+                    let line = peers
+                        .borrow_and_update()
+                        .as_ref()
+                        .map(|published| published.line.clone());
+                    let Some(line) = line.filter(|line| !line.is_empty()) else {
+                        continue;
+                    };
+                    let written = tokio::time::timeout(PEERS_WRITE_WAIT_MAX, write.write_all(&line)).await;
+                    if let Err(error) = written.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())) {
+                        tracing::warn!(
+                            "lost the connection to {}'s agent (attempt {}) sending its peers: {error}",
+                            key.node,
+                            key.attempt.get(),
+                        );
+                        break Some(LossCause::AgentGone);
+                    }
+                }
             }
-            Ok(None) => {
-                tracing::debug!(node = %key, "swarm connection closed");
-                LossCause::AgentGone
-            }
-            Err(CodecError::Io(error)) if error.kind() == std::io::ErrorKind::TimedOut => {
-                tracing::warn!(
-                    "no message from {}'s agent (attempt {}) for {} s; connection timed out",
-                    key.node,
-                    key.attempt.get(),
-                    KEEPALIVE_SILENCE.as_secs(),
-                );
-                LossCause::AgentGone
-            }
-            Err(CodecError::Io(error)) => {
-                tracing::warn!(
-                    "lost the connection to {}'s agent (attempt {}): {error}",
-                    key.node,
-                    key.attempt.get(),
-                );
-                LossCause::AgentGone
-            }
-            Err(error) => {
-                tracing::warn!(node = %key, %error, "bad message on the swarm connection; dropping it");
-                LossCause::AgentGone
-            }
-        }),
+        }
     };
     gate.ended(member, cause);
+}
+
+/// What ended a membership, from the member's side: the notice its
+/// connection carried, or how the connection ended.
+fn member_ended(key: &AttemptKey, message: Result<Option<SwarmNotice>, CodecError>) -> LossCause {
+    match message {
+        Ok(Some(SwarmNotice::WorkloadExited { code, signal })) => {
+            // The node no longer does its work. Whether that is a loss
+            // is the gate's to say (a stop the controller ordered ends
+            // the workload too), so it logs what it decides.
+            let cause = LossCause::workload(code, signal);
+            tracing::debug!(node = %key, %cause, "the agent says its workload ended");
+            cause
+        }
+        Ok(None) => {
+            tracing::debug!(node = %key, "swarm connection closed");
+            LossCause::AgentGone
+        }
+        Err(CodecError::Io(error)) if error.kind() == std::io::ErrorKind::TimedOut => {
+            tracing::warn!(
+                "no message from {}'s agent (attempt {}) for {} s; connection timed out",
+                key.node,
+                key.attempt.get(),
+                KEEPALIVE_SILENCE.as_secs(),
+            );
+            LossCause::AgentGone
+        }
+        Err(CodecError::Io(error)) => {
+            tracing::warn!(
+                "lost the connection to {}'s agent (attempt {}): {error}",
+                key.node,
+                key.attempt.get(),
+            );
+            LossCause::AgentGone
+        }
+        Err(error) => {
+            tracing::warn!(node = %key, %error, "bad message on the swarm connection; dropping it");
+            LossCause::AgentGone
+        }
+    }
 }
 
 /// Refuses a join: logs why (as a warning, or at debug level when the

@@ -35,7 +35,9 @@
 //!    the controller answers [`SwarmReply::Welcome`] or
 //!    [`SwarmReply::Rejected`]. A welcomed agent keeps the connection open for
 //!    its whole life and may send [`SwarmNotice`]s; its end is the agent's
-//!    loss.
+//!    loss. The controller sends [`SwarmPush`]es on it: the run's membership
+//!    ([`PeersUpdate`]) right after the welcome and whenever it changes.
+//!    These lines may be up to [`PEERS_LINE_BYTES_MAX`] long.
 //!
 //! A malformed or oversized line is rejected with a log line and ends the
 //! connection; nothing else on either side changes.
@@ -84,6 +86,18 @@ pub struct BootOrder {
     pub args: Vec<String>,
     /// How to join the run's swarm.
     pub join: JoinOrder,
+    /// The desired size of the node's group when the order was made
+    /// (`PROVISION_GROUP_SIZE`); absent from controllers before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u32>,
+    /// The node's address as its peers reach it (`PROVISION_ADDRESS`): the
+    /// host part of its endpoint ([`address_of_endpoint`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// A command run after each rewrite of the peers file, with the
+    /// workload's environment; empty means none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub on_peers_change: String,
     /// Only resume an agent that already booted (its workload runs): a
     /// restarted controller re-attaching the agents it found. An agent
     /// that has not booted refuses such an order instead of booting.
@@ -269,6 +283,105 @@ pub enum SwarmNotice {
     },
 }
 
+/// The longest line of a [`SwarmPush`]: a membership lists every ready
+/// node of the run, so it may be far longer than other messages.
+pub const PEERS_LINE_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Controller → agent: what the controller sends on a welcomed swarm
+/// connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SwarmPush {
+    /// The run's membership as the controller held it when it sent it.
+    Peers(PeersUpdate),
+    /// A message of a newer controller this agent does not know: ignored,
+    /// so that new kinds of pushes never cost an older agent its node.
+    #[serde(other)]
+    Unknown,
+}
+
+/// The run's membership: its ready nodes, and every group's desired size.
+/// This is also the JSON of the peers file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeersUpdate {
+    /// Grows with every change; an agent ignores an update older than the
+    /// one it wrote.
+    pub version: u64,
+    /// Every desired group's desired node count.
+    pub groups: BTreeMap<String, u32>,
+    /// The ready nodes, in slot order (group, then index).
+    pub peers: Vec<Peer>,
+}
+
+/// One ready node of the run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peer {
+    /// Its group.
+    pub group: String,
+    /// Its slot index in the group (0-based, the same across replacements).
+    pub index: u32,
+    /// Its slot, `{group}-{index}`.
+    pub node: String,
+    /// Its current attempt.
+    pub attempt: u64,
+    /// Where its peers reach it (the host part of its endpoint).
+    pub address: String,
+    /// When it became ready, in milliseconds on the controller's clock
+    /// (since the controller started).
+    pub ready_since_ms: u64,
+}
+
+impl PeersUpdate {
+    /// The update that carries `membership`.
+    pub fn from_membership(membership: &provisioning::Membership) -> Self {
+        PeersUpdate {
+            version: membership.version,
+            groups: membership
+                .group_sizes
+                .iter()
+                .map(|(group, size)| (group.to_string(), *size))
+                .collect(),
+            peers: membership
+                .members
+                .iter()
+                .map(|member| Peer {
+                    group: member.node.group().to_string(),
+                    index: member.node.index(),
+                    node: member.node.to_string(),
+                    attempt: member.attempt.get(),
+                    address: address_of_endpoint(&member.endpoint.0),
+                    ready_since_ms: member.ready_since.as_millis(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A node's address as its peers reach it, from its endpoint: its host.
+/// An endpoint may be `host:port` (local processes), or a URL such as
+/// `ssh://user@host:port` (SSH) or `slurm://node/job` (Slurm): the scheme,
+/// user, path and port are dropped, and the brackets of an IPv6 address.
+pub fn address_of_endpoint(endpoint: &str) -> String {
+    if let Ok(socket) = endpoint.parse::<SocketAddr>() {
+        return socket.ip().to_string();
+    }
+    let rest = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    let rest = rest.split('/').next().unwrap_or(rest);
+    let host_port = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    if let Some(bracketed) = host_port.strip_prefix('[') {
+        return bracketed
+            .split_once(']')
+            .map_or(bracketed, |(host, _)| host)
+            .to_owned();
+    }
+    match host_port.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') && port.parse::<u16>().is_ok() => host.to_owned(),
+        _ => host_port.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde::de::DeserializeOwned;
@@ -331,6 +444,44 @@ mod tests {
         assert_eq!(
             read_all::<ControlReply>(&long).await,
             vec![Err(format!("line longer than {LINE_BYTES_MAX} bytes"))]
+        );
+    }
+
+    #[test]
+    fn an_address_is_the_host_part_of_an_endpoint() {
+        assert_eq!(address_of_endpoint("127.1.0.3:4000"), "127.1.0.3");
+        assert_eq!(address_of_endpoint("[::1]:4000"), "::1");
+        assert_eq!(address_of_endpoint("node7"), "node7");
+        assert_eq!(address_of_endpoint("host.example:22"), "host.example");
+        assert_eq!(address_of_endpoint("fe80::1"), "fe80::1");
+        assert_eq!(address_of_endpoint("ssh://me@10.0.0.7:22"), "10.0.0.7");
+        assert_eq!(address_of_endpoint("ssh://me@[fd00::7]:2222"), "fd00::7");
+        assert_eq!(address_of_endpoint("slurm://node3/4711"), "node3");
+    }
+
+    #[test]
+    fn a_peers_push_is_a_tagged_json_line() {
+        let push = SwarmPush::Peers(PeersUpdate {
+            version: 3,
+            groups: BTreeMap::from([("web".to_owned(), 1)]),
+            peers: vec![Peer {
+                group: "web".into(),
+                index: 0,
+                node: "web-0".into(),
+                attempt: 4,
+                address: "127.1.0.1".into(),
+                ready_since_ms: 12,
+            }],
+        });
+        let line = String::from_utf8(encode_message(&push).unwrap()).unwrap();
+        assert!(
+            line.starts_with("{\"type\":\"peers\",\"version\":3,"),
+            "{line}"
+        );
+        assert_eq!(serde_json::from_str::<SwarmPush>(&line).unwrap(), push);
+        assert_eq!(
+            serde_json::from_str::<SwarmPush>(r#"{"type":"news","x":1}"#).unwrap(),
+            SwarmPush::Unknown
         );
     }
 

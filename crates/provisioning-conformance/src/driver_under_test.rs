@@ -8,14 +8,15 @@
 //! alternative driver implementation that claims the same contract.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use provisioning::driver::{DriveReport, DriverError, DueOperation, OperationSink, PassReport};
 use provisioning::limits::{BreakerStatus, LimitCounters, Limits};
 use provisioning::shape::DesiredState;
 use provisioning::{
     ClusterDriver, ClusterShape, ClusterState, DesiredUpdate, DriverChanges, DurableState,
-    ExecutorResult, GroupId, LogicalNodeId, NodeDecision, NodeHistory, Observation, OperationId,
-    RetryPolicy, Timestamp,
+    ExecutorResult, GroupId, LogicalNodeId, Membership, NodeDecision, NodeHistory, Observation,
+    OperationId, RetryPolicy, Timestamp,
 };
 
 /// What one pass planned before it was applied, as
@@ -177,6 +178,19 @@ pub trait DriverUnderTest {
     fn take_changes(&mut self, now: Timestamp, read: ChangeRead) -> TakenChanges {
         let _ = (now, read);
         TakenChanges::ChangeSet(DriverChanges::default())
+    }
+
+    /// See [`ClusterDriver::track_membership`]. The harness calls it once
+    /// on every driver it builds (also after a recovery). The default does
+    /// nothing: a driver that hands out no membership passes G35 vacuously.
+    fn track_membership(&mut self) {}
+
+    /// See [`ClusterDriver::take_membership`]: the run's membership if it
+    /// changed since the last take. The harness takes it after every drive,
+    /// as a host does before it pushes it to the agents. The default hands
+    /// out none.
+    fn take_membership(&mut self) -> Option<Arc<Membership>> {
+        None
     }
 
     /// See [`ClusterDriver::has_changes`]: whether a change set is waiting.
@@ -368,6 +382,14 @@ impl DriverUnderTest for ClusterDriver {
 
     fn has_changes(&self) -> Option<bool> {
         Some(ClusterDriver::has_changes(self))
+    }
+
+    fn track_membership(&mut self) {
+        ClusterDriver::track_membership(self);
+    }
+
+    fn take_membership(&mut self) -> Option<Arc<Membership>> {
+        ClusterDriver::take_membership(self)
     }
 
     fn take_changes(&mut self, now: Timestamp, read: ChangeRead) -> TakenChanges {

@@ -37,6 +37,7 @@
 //! | G26 | Across every [`Input::Crash`](crate::trace::Input::Crash) and recovery: the journal gives back what was committed (recovery fails otherwise); every operation the journal held pending is no longer pending after recovery, and a pending create or bootstrap start is remembered as ambiguous (so it is re-issued and adopted); an attempt that appears after a crash is above every attempt seen before it (never reused). After a crash, a G01 reuse is reported as G26. G08, G21 and G23 keep being checked across crashes under their own ids — except that a resource a dead controller's call created after the crash is an orphan (left to G28), not a double-create — and the fair tail converges only once no orphan is left. The dead controller's executor is closed at the crash and must refuse a submission. After every commit (the harness takes the driver's changes in turn as a change set, as the ids of the changed nodes read back from its durable state, and as "whether anything changed" with the whole state written and the changes discarded): a write carries the meta with the writer's clock, and the journal as the kit applied every committed change set equals the driver's durable state; after a discard the driver says nothing waits. Recovery reports the nodes, pending operations and sessions it restarted that the journal held. |
 //! | G27 | At every backend call start (the harness host's executor runs over a wrapper of the substrate's backend): the operation was committed to the journal as pending by some commit before the call started. Calls a dead controller's executor still had queued never reach the backend. |
 //! | G28 | The harness host lists the substrate's live resources after every recovery and every `orphan_scan_interval` of virtual time, and destroys a resource no node's current attempt owns (not in the map, another attempt, or a destroyed node) once it was seen unowned for `orphan_grace`. The oracle samples the live resources after every input and tail round: once faults stop (the fair tail), a resource it saw unowned must be gone within `orphan_grace` + one scan interval; a resource a current attempt owns is never destroyed as an orphan. |
+//! | G35 | After every drive (the harness plays the host, which hands the driver's membership to its agents whenever it changed): every membership taken lists exactly the `(slot, attempt)` pairs of the nodes that are ready in the driver's state at that moment (active, in a ready stage, with the ready flag and an endpoint of the current attempt), with versions that strictly grow; and none of them is an attempt whose loss the kit delivered, or whose teardown (deleting, failed or destroyed) it saw, before. |
 //! | G32 | After every input, every fold and every pass batch: each node's stage agrees with its facts (the table at `oracle::g32_stage_agrees_with_facts`: `New` holds no lease and no pending create, `LeaseRequested` a pending create and no lease, `LeaseCreated` a lease and no endpoint, `EndpointKnown` no active session, `BootstrapRunning` an active session, `Failed` a failure, `Destroyed` nothing). A deleting node's "holds" are not required (cleanup gives facts back before the pass that marks it destroyed). A loss that fails a node gives a reason naming what was lost (agent, lease, workload); the history entry where a healthy node's teardown began names its cause by the kit's own shape (scaled down when its slot is not desired, drifted when it is desired with another template). |
 //! | G37 | At every recovery after a crash and after every input: a node the journal held as ready (or rejoining) when the controller crashed is, while it keeps that attempt, not ready until the kit folded an [`Observation::AgentRejoined`](provisioning::Observation::AgentRejoined) of it into the new controller, and while any such node waits the driver is not converged. The substrates deliver the re-join of a still-live agent at a [`Input::Rejoin`](crate::trace::Input::Rejoin) input and, in the fair tail, for even slot indices (odd ones let the rejoin window end, so the loss path runs). |
 
@@ -136,11 +137,15 @@ pub enum GuaranteeId {
     /// as ready is not ready, and the cluster not converged, until an
     /// observation of the new controller says its agent re-joined.
     ReadinessReEarned,
+    /// G35: a peers update lists exactly the current attempts of the nodes
+    /// the controller held ready when it sent it, never an attempt whose
+    /// loss or teardown it had folded.
+    Membership,
 }
 
 impl GuaranteeId {
     /// Every guarantee, in id order.
-    pub const ALL: [GuaranteeId; 32] = [
+    pub const ALL: [GuaranteeId; 33] = [
         GuaranteeId::Identity,
         GuaranteeId::Correlation,
         GuaranteeId::AttemptFactOwnership,
@@ -173,9 +178,10 @@ impl GuaranteeId {
         GuaranteeId::BreakerLiveness,
         GuaranteeId::StageCoherence,
         GuaranteeId::ReadinessReEarned,
+        GuaranteeId::Membership,
     ];
 
-    /// The stable id (`G01`…`G30`, `G32`, `G37`). Ids are the specification's, not
+    /// The stable id (`G01`…`G30`, `G32`, `G35`, `G37`). Ids are the specification's, not
     /// positions: G31 (exhaustive exploration) is checked by the explorer
     /// and may have no variant here.
     pub fn id(self) -> &'static str {
@@ -187,6 +193,7 @@ impl GuaranteeId {
         match self {
             GuaranteeId::StageCoherence => "G32",
             GuaranteeId::ReadinessReEarned => "G37",
+            GuaranteeId::Membership => "G35",
             other => IDS[other as usize],
         }
     }
@@ -226,6 +233,7 @@ impl GuaranteeId {
             GuaranteeId::BreakerLiveness => "breaker liveness",
             GuaranteeId::StageCoherence => "stage coherence",
             GuaranteeId::ReadinessReEarned => "readiness is re-earned",
+            GuaranteeId::Membership => "membership",
         }
     }
 
@@ -302,5 +310,6 @@ mod tests {
         assert_eq!(GuaranteeId::BreakerLiveness.id(), "G30");
         assert_eq!(GuaranteeId::StageCoherence.id(), "G32");
         assert_eq!(GuaranteeId::ReadinessReEarned.id(), "G37");
+        assert_eq!(GuaranteeId::Membership.id(), "G35");
     }
 }

@@ -122,6 +122,12 @@ fn broken_battery(flaw: Flaw) -> Battery<FakeSubstrate> {
 }
 
 #[test]
+fn a_membership_that_keeps_a_lost_node_is_caught_as_g35() {
+    let failure = first_failure(broken_battery(Flaw::MembershipKeepsLeavers));
+    check_caught(&failure, &[GuaranteeId::Membership]);
+}
+
+#[test]
 fn a_driver_that_ignores_launch_caps_is_caught_as_g29() {
     let failure = first_failure(broken_battery(Flaw::IgnoresCap));
     check_caught(&failure, &[GuaranteeId::BudgetsHold]);

@@ -28,6 +28,7 @@ fn template(role: &str, image: &str) -> NodeTemplate {
             labels: BTreeMap::new(),
         },
         boot: BootParams {
+            on_peers_change: String::new(),
             start_command: format!("run-{role}"),
             ..BootParams::default()
         },

@@ -20,6 +20,7 @@
 //! [`AgentLifetime::Detached`] agents outlive the controller instead, and a
 //! restarted plugin of the same run and secret adopts and re-attaches them.
 
+mod addresses;
 mod node;
 mod plugin;
 mod scan;

@@ -336,6 +336,14 @@ impl ProcessPlugin {
             });
         }
         while stops.join_next().await.is_some() {}
+        // Every node of the run on this machine is stopped: what is left of
+        // their peers files (an agent killed before it removed its own) goes.
+        let peers = provisioning_agent::agent::rendezvous::peers_dir(self.shared.run_id.as_str());
+        if let Err(error) = std::fs::remove_dir_all(&peers)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::debug!(dir = %peers.display(), %error, "cannot remove the run's peers files");
+        }
     }
 
     fn check_run(&self, key: &AttemptKey) -> Result<(), PluginError> {
@@ -365,6 +373,15 @@ impl ProcessPlugin {
                 shared.stop_grace.as_millis().to_string(),
             )
             .env(agent_env::COMMAND, shared.agent.encode())
+            .env(
+                agent_env::LISTEN_ADDRESS,
+                shared
+                    .addresses
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .of(&key.node)
+                    .to_string(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
         match &shared.lifetime {
@@ -447,7 +464,13 @@ impl ProcessPlugin {
         })
     }
 
-    fn boot_order(&self, key: &AttemptKey, spec: &LogicalNodeSpec) -> BootOrder {
+    /// The boot order of `key`'s agent, reached at `endpoint`.
+    fn boot_order(
+        &self,
+        key: &AttemptKey,
+        spec: &LogicalNodeSpec,
+        endpoint: SocketAddr,
+    ) -> BootOrder {
         let template = spec.template();
         BootOrder {
             protocol: PROTOCOL_VERSION,
@@ -465,6 +488,9 @@ impl ProcessPlugin {
                 swarm: template.swarm_join.swarm.clone(),
                 labels: template.swarm_join.labels.clone(),
             },
+            group_size: self.shared.peers.group_size(key.node.group()),
+            address: Some(endpoint.ip().to_string()),
+            on_peers_change: template.boot.on_peers_change.clone(),
             resume_only: false,
         }
     }
@@ -488,6 +514,9 @@ impl ProcessPlugin {
                 swarm: String::new(),
                 labels: std::collections::BTreeMap::new(),
             },
+            group_size: None,
+            address: None,
+            on_peers_change: String::new(),
             resume_only: true,
         }
     }
@@ -565,6 +594,13 @@ impl ProcessPlugin {
         let endpoint = os::tcp_listeners(pid)
             .ok()
             .and_then(|found| found.into_iter().find(|a| a.ip().is_loopback()));
+        if let Some(SocketAddr::V4(endpoint)) = endpoint {
+            self.shared
+                .addresses
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .reserve(&key.node, *endpoint.ip());
+        }
         let instance = self.shared.next_serial();
         let (exited_tx, exited) = watch::channel(false);
         {
@@ -664,7 +700,7 @@ impl ProcessPlugin {
             let record = self.begin_session(
                 key,
                 endpoint,
-                self.boot_order(key, &request.spec),
+                self.boot_order(key, &request.spec, endpoint),
                 Some(swarm),
                 false,
             );
@@ -757,6 +793,11 @@ fn parse_loopback(endpoint: &Endpoint) -> Result<SocketAddr, PluginError> {
 impl ProvisionPlugin for ProcessPlugin {
     fn kind(&self) -> &str {
         PROVIDER_KIND
+    }
+
+    /// Pushes the membership to every agent of the swarm.
+    fn membership_changed(&self, membership: &std::sync::Arc<provisioning::Membership>) {
+        self.shared.peers.publish(membership);
     }
 
     fn attach(&self, sink: ObservationSink) {

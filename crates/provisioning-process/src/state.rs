@@ -23,6 +23,9 @@ use crate::plugin::{AgentCommand, AgentLifetime, ProcessPluginConfig};
 use crate::scan::ProcScanner;
 use crate::session::{Handshake, SessionCommand};
 use provisioning_agent::credential::RunSecret;
+use provisioning_agent::peers::PeersFeed;
+
+use crate::addresses::SlotAddresses;
 
 /// Whether a node's agent process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +117,10 @@ pub(crate) struct Shared {
     serials: AtomicU64,
     /// Scans of `/proc` for the run's processes, shared by every caller.
     pub(crate) scanner: ProcScanner,
+    /// The run's membership, pushed to every agent in the swarm.
+    pub(crate) peers: PeersFeed,
+    /// Every slot's loopback address.
+    pub(crate) addresses: Mutex<SlotAddresses>,
 }
 
 impl Shared {
@@ -121,6 +128,7 @@ impl Shared {
         let (shutdown, _) = watch::channel(false);
         Shared {
             scanner: ProcScanner::new(config.run_id.clone()),
+            addresses: Mutex::new(SlotAddresses::new(&config.run_id)),
             run_id: config.run_id,
             secret: config.run_secret,
             agent: config.agent,
@@ -131,6 +139,7 @@ impl Shared {
             closing: AtomicBool::new(false),
             shutdown,
             serials: AtomicU64::new(1),
+            peers: PeersFeed::new(),
         }
     }
 

@@ -26,6 +26,7 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         // Agents are on this machine: a vanished one resets its connection.
         keepalive: false,
         shutdown: shared.shutdown.subscribe(),
+        peers: shared.peers.subscribe(),
     };
     accept_joins(listener, Arc::new(Gate(shared)), settings).await;
 }

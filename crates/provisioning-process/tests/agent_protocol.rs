@@ -35,6 +35,9 @@ fn order_for(key: &AttemptKey, swarm: std::net::SocketAddr) -> BootOrder {
             swarm: "main".to_owned(),
             labels: Default::default(),
         },
+        group_size: None,
+        address: None,
+        on_peers_change: String::new(),
         resume_only: false,
     }
 }

@@ -41,7 +41,12 @@ async fn bring_up_reports_every_stage_in_order_and_closes_after_complete() {
     let lease = plugin.create_node(&key, &spec).await.unwrap();
     assert!(!lease.adopted);
     let endpoint = wait_endpoint(&plugin, &key, &lease).await;
-    assert!(endpoint.0.starts_with("127.0.0.1:"), "{endpoint:?}");
+    // The slot's own loopback address (design §22), not 127.0.0.1.
+    let address: std::net::SocketAddr = endpoint.0.parse().expect("an address");
+    assert!(
+        address.ip().is_loopback() && address.ip().to_string() != "127.0.0.1",
+        "{endpoint:?}"
+    );
     let request = BootstrapRequest {
         spec: spec.clone(),
         lease: lease.lease.clone(),
@@ -642,4 +647,82 @@ async fn two_hundred_nodes_are_destroyed_at_once_and_leave_nothing() {
     }
     assert_no_processes(&guard.run);
     assert!(plugin.list_nodes(&guard.run).await.unwrap().is_empty());
+}
+
+/// Design §22: a membership handed to the plugin reaches every joined
+/// agent over its swarm connection, which rewrites the node's peers file
+/// and runs `on_peers_change` within 2 s.
+#[tokio::test]
+async fn a_membership_reaches_the_peers_file_of_a_joined_node_within_two_seconds() {
+    let guard = RunGuard::new("peers-push");
+    let (plugin, recorder) = plugin(&guard.run).await;
+    let dir = tempfile::tempdir().unwrap();
+    let told = dir.path().join("told");
+    let hooked = dir.path().join("hooked");
+    let key = key(&guard.run, "web", 0, 1);
+    let mut params = boot(
+        &[],
+        &format!(
+            "echo \"$PROVISION_PEERS_FILE $PROVISION_ADDRESS $PROVISION_NODE_INDEX\" > {}; exec sleep 600",
+            told.display()
+        ),
+    );
+    params.on_peers_change = format!("cp \"$PROVISION_PEERS_FILE\" {}", hooked.display());
+    let spec = spec(&key, params);
+    let lease = plugin.create_node(&key, &spec).await.unwrap();
+    let endpoint = wait_endpoint(&plugin, &key, &lease).await;
+    let request = BootstrapRequest {
+        spec: spec.clone(),
+        lease: lease.lease.clone(),
+        endpoint: endpoint.clone(),
+    };
+    let session = plugin.start_bootstrap(&key, &request).await.unwrap();
+    recorder
+        .wait_for("the join", |events| joined(events, &key))
+        .await;
+    plugin
+        .complete_bootstrap(&key, Some(&session.session))
+        .await
+        .unwrap();
+    wait_for_processes(&guard.run, "the workload", |_| told.exists()).await;
+    let told = std::fs::read_to_string(&told).unwrap();
+    let mut parts = told.split_whitespace();
+    let peers_file = std::path::PathBuf::from(parts.next().expect("the peers file"));
+    let address = parts.next().expect("the address").to_owned();
+    assert_eq!(parts.next(), Some("0"), "{told}");
+    assert_eq!(Some(address.as_str()), endpoint.0.split(':').next());
+
+    let membership = std::sync::Arc::new(provisioning::Membership {
+        version: 7,
+        members: vec![provisioning::Member {
+            node: key.node.clone(),
+            attempt: key.attempt,
+            endpoint: endpoint.clone(),
+            ready_since: provisioning::Timestamp::from_millis(42),
+        }],
+        group_sizes: [(key.node.group().clone(), 1)].into_iter().collect(),
+    });
+    let pushed = Instant::now();
+    plugin.membership_changed(&membership);
+    let deadline = pushed + Duration::from_secs(2);
+    let written = loop {
+        let file = std::fs::read_to_string(&peers_file).unwrap_or_default();
+        let hook = std::fs::read_to_string(&hooked).unwrap_or_default();
+        if file.contains("\"version\": 7") && hook == file {
+            break file;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the peers file was not rewritten within 2 s: {file:?}, hook copy {hook:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!("peers file rewritten {:?} after the push", pushed.elapsed());
+    let update: serde_json::Value = serde_json::from_str(&written).unwrap();
+    assert_eq!(update["groups"]["web"], 1);
+    assert_eq!(update["peers"][0]["node"], "web-0");
+    assert_eq!(update["peers"][0]["address"], address.as_str());
+    assert_eq!(update["peers"][0]["ready_since_ms"], 42);
+
+    plugin.destroy_node(&key, &lease.lease).await.unwrap();
 }

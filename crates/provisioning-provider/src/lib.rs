@@ -122,7 +122,7 @@ use provisioning::observe::{BootstrapEvent, LossCause};
 use provisioning::spawn::BoxFuture;
 use provisioning::{
     EffectError, EffectOutput, Endpoint, EndpointLookup, LeaseHandle, LogicalNodeId,
-    LogicalNodeSpec, NodeAttemptId, Observation, Operation, RunId,
+    LogicalNodeSpec, Membership, NodeAttemptId, Observation, Operation, RunId,
 };
 use thiserror::Error;
 
@@ -269,6 +269,15 @@ pub trait ProvisionPlugin: Send + Sync + 'static {
     /// [`PluginBackendAdapter`] before any other call.
     fn attach(&self, sink: ObservationSink) {
         let _ = sink;
+    }
+
+    /// The run's membership changed (design §22): its ready nodes, and every
+    /// group's desired size. The host calls it after the drive that folded
+    /// the change, with versions in increasing order. A provider whose
+    /// agents hold a swarm connection pushes it to them (the peers file);
+    /// others ignore it, as by default. Must not block.
+    fn membership_changed(&self, membership: &Arc<Membership>) {
+        let _ = membership;
     }
 
     /// Creates the node of `key`, or adopts the existing one.
@@ -553,6 +562,14 @@ impl PluginBackendAdapter {
     /// The sink the plugins report to.
     pub fn sink(&self) -> &ObservationSink {
         &self.sink
+    }
+
+    /// Hands the run's `membership` to every plugin
+    /// ([`ProvisionPlugin::membership_changed`]).
+    pub fn membership_changed(&self, membership: &Arc<Membership>) {
+        for plugin in self.plugins.values() {
+            plugin.membership_changed(membership);
+        }
     }
 
     /// Every node the plugins manage for `run`, sorted by key: what a host

@@ -251,6 +251,7 @@ fn shape(options: &Options) -> ClusterShape {
                 provider: KIND.into(),
                 shape: ProviderShape::default(),
                 boot: BootParams {
+                    on_peers_change: String::new(),
                     start_command: "serve".into(),
                     ..BootParams::default()
                 },

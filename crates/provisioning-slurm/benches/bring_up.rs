@@ -34,6 +34,7 @@ fn spec(key: &AttemptKey) -> LogicalNodeSpec {
         provider: "slurm".to_owned(),
         shape: ProviderShape::default(),
         boot: BootParams {
+            on_peers_change: String::new(),
             start_command: "sleep 300".to_owned(),
             ..BootParams::default()
         },

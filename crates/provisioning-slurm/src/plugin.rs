@@ -574,8 +574,8 @@ impl SlurmPlugin {
         self.shared.check_losses(&self.swarm).await
     }
 
-    fn boot_order(&self, key: &AttemptKey, spec: &LogicalNodeSpec) -> BootOrder {
-        let template = spec.template();
+    fn boot_order(&self, key: &AttemptKey, request: &BootstrapRequest) -> BootOrder {
+        let template = request.spec.template();
         let boot = &template.boot;
         BootOrder {
             protocol: PROTOCOL_VERSION,
@@ -593,6 +593,11 @@ impl SlurmPlugin {
                 swarm: template.swarm_join.swarm.clone(),
                 labels: template.swarm_join.labels.clone(),
             },
+            group_size: self.swarm.group_size(key.node.group()),
+            address: Some(provisioning_agent::wire::address_of_endpoint(
+                &request.endpoint.0,
+            )),
+            on_peers_change: boot.on_peers_change.clone(),
             resume_only: false,
         }
     }
@@ -637,7 +642,7 @@ impl SlurmPlugin {
         job: u64,
         request: &BootstrapRequest,
     ) -> Result<(), PluginError> {
-        let order = serde_json::to_vec(&self.boot_order(key, &request.spec))
+        let order = serde_json::to_vec(&self.boot_order(key, request))
             .map_err(|e| PluginError::definite(format!("cannot encode the boot order: {e}")))?;
         tracing::info!(node = %key, job, "starting the agent step");
         let mut args = vec![
@@ -867,6 +872,11 @@ impl ProvisionPlugin for SlurmPlugin {
 
     fn attach(&self, sink: ObservationSink) {
         *lock(&self.shared.sink) = Some(sink);
+    }
+
+    /// Pushes the membership to every agent of the swarm.
+    fn membership_changed(&self, membership: &Arc<provisioning::Membership>) {
+        self.swarm.publish_peers(membership);
     }
 
     async fn create_node(

@@ -137,6 +137,7 @@ fn template(boot: BootParams) -> NodeTemplate {
 
 fn boot() -> BootParams {
     BootParams {
+        on_peers_change: String::new(),
         user: String::new(),
         verify_commands: vec![VERIFY_COMMAND.to_owned()],
         start_command: WORKLOAD.to_owned(),

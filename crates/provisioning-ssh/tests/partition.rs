@@ -32,6 +32,7 @@ async fn a_partition_mid_call_is_ambiguous_and_a_partitioned_host_is_not_ready()
     let k = key("part", "w", 0, 1);
     let marker = bed.path().join("verify-running");
     let params = BootParams {
+        on_peers_change: String::new(),
         // Records its pid, then outlasts the call.
         verify_commands: vec![format!("echo $$ > {}; exec sleep 30", marker.display())],
         ..BootParams::default()

@@ -89,6 +89,9 @@ fn write_order(
             swarm: "default".to_owned(),
             labels: BTreeMap::new(),
         },
+        group_size: None,
+        address: None,
+        on_peers_change: String::new(),
         resume_only: false,
     };
     let path = dir.join(format!("{}.json", key.node));

@@ -72,6 +72,9 @@ async fn an_installed_agent_joins_over_tcp_and_destroy_stops_it() {
             swarm: "default".to_owned(),
             labels: BTreeMap::new(),
         },
+        group_size: None,
+        address: None,
+        on_peers_change: String::new(),
         resume_only: false,
     };
     let json = serde_json::to_vec(&order).expect("json");

@@ -109,6 +109,7 @@ async fn create_and_request(
 
 fn sleeper() -> BootParams {
     BootParams {
+        on_peers_change: String::new(),
         verify_commands: vec!["true".into(), "test -n \"$GREETING\"".into()],
         start_command: "sleep 600".into(),
         env: [("GREETING".to_owned(), "hello".to_owned())].into(),
@@ -271,6 +272,7 @@ async fn a_failing_verify_command_is_definite_and_starts_nothing() {
         .await;
     let k = key("verify", "w", 0, 1);
     let params = BootParams {
+        on_peers_change: String::new(),
         verify_commands: vec!["true".into(), "echo nope >&2; false".into()],
         start_command: "sleep 600".into(),
         ..BootParams::default()
@@ -305,6 +307,7 @@ async fn an_agent_that_cannot_start_its_workload_fails_the_bootstrap_with_its_re
     let facts = collect(&plugin);
     let k = key("nojoin", "w", 0, 1);
     let params = BootParams {
+        on_peers_change: String::new(),
         user: "no-such-user-of-this-test".into(),
         start_command: "sleep 600".into(),
         ..BootParams::default()

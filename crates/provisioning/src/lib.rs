@@ -100,6 +100,7 @@ pub mod executor;
 pub mod history;
 pub mod id;
 pub mod limits;
+pub mod membership;
 pub mod observe;
 pub mod policy;
 pub mod shape;
@@ -128,6 +129,7 @@ pub use id::{
     OperationSequence, RunId,
 };
 pub use limits::{BreakerPolicy, BreakerStatus, LimitCounters, Limits, MaxUnavailable};
+pub use membership::{Member, Membership, member_of};
 pub use observe::{BootstrapEvent, BootstrapRejection, LossCause, Observation};
 pub use policy::RetryPolicy;
 pub use shape::{

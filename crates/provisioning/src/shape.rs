@@ -79,6 +79,10 @@ pub struct BootParams {
     pub env: BTreeMap<String, String>,
     /// Extra arguments passed to the agent.
     pub args: Vec<String>,
+    /// A command the agent runs after each rewrite of the node's peers
+    /// file (design §22), with the workload's environment; empty means none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub on_peers_change: String,
 }
 
 /// How an agent joins the run's swarm.

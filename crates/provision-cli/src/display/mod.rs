@@ -372,6 +372,26 @@ pub(crate) fn status_table(snapshot: &StatusSnapshot) -> String {
     out
 }
 
+/// The table `provision peers` prints: one line per ready node, then each
+/// group's ready count against its desired size.
+pub(crate) fn peers_table(peers: &provisioning_agent::wire::PeersUpdate) -> String {
+    let mut out = format!(
+        "{:<24} {:>6} {:<30} {:>8} {:<40} {:>14}\n",
+        "GROUP", "INDEX", "NODE", "ATTEMPT", "ADDRESS", "READY SINCE MS"
+    );
+    for peer in &peers.peers {
+        out.push_str(&format!(
+            "{:<24} {:>6} {:<30} {:>8} {:<40} {:>14}\n",
+            peer.group, peer.index, peer.node, peer.attempt, peer.address, peer.ready_since_ms
+        ));
+    }
+    for (group, size) in &peers.groups {
+        let ready = peers.peers.iter().filter(|p| &p.group == group).count();
+        out.push_str(&format!("{group}: {ready} of {size} ready\n"));
+    }
+    out
+}
+
 /// The ids of a snapshot's nodes, for an error that names a missing one
 /// (the first few, when there are many).
 pub(crate) fn node_list(snapshot: &StatusSnapshot) -> String {

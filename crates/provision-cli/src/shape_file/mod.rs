@@ -28,6 +28,7 @@
 //! start_command = "sleep 3600"
 //! env = { GREETING = "hello" }
 //! args = []
+//! on_peers_change = ""        # run after each rewrite of the peers file
 //!
 //! [group.swarm_join]          # optional
 //! swarm = "main"
@@ -223,6 +224,8 @@ struct FileBoot {
     env: BTreeMap<String, Spanned<String>>,
     #[serde(default)]
     args: Vec<String>,
+    #[serde(default)]
+    on_peers_change: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -570,6 +573,13 @@ fn check_group(
                 .start_command
                 .iter()
                 .map(|c| ("boot.start_command".to_owned(), c)),
+        )
+        .chain(
+            value
+                .boot
+                .on_peers_change
+                .iter()
+                .map(|c| ("boot.on_peers_change".to_owned(), c)),
         );
     for (name, command) in commands {
         if command.get_ref().contains('\0') {
@@ -630,6 +640,12 @@ fn check_group(
                 labels,
             },
             boot: BootParams {
+                on_peers_change: value
+                    .boot
+                    .on_peers_change
+                    .as_ref()
+                    .map(|c| c.get_ref().clone())
+                    .unwrap_or_default(),
                 user: value.boot.user.clone(),
                 verify_commands: value
                     .boot

@@ -14,13 +14,13 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
-use super::{Agent, Phase, env};
-use crate::codec::{CodecError, MessageReader, write_message};
+use super::{Agent, Phase, env, rendezvous};
+use crate::codec::{CodecError, JsonLinesCodec, MessageReader, write_message};
 use crate::credential::NodeCredential;
 use crate::os;
 use crate::wire::{
-    BootOrder, ControlReply, ControlRequest, FailureStage, JoinOrder, PROTOCOL_VERSION,
-    ProgressStage, SwarmHello, SwarmNotice, SwarmReply,
+    BootOrder, ControlReply, ControlRequest, FailureStage, JoinOrder, PEERS_LINE_BYTES_MAX,
+    PROTOCOL_VERSION, ProgressStage, SwarmHello, SwarmNotice, SwarmPush, SwarmReply,
 };
 
 /// How long a new control connection may take to send its boot order.
@@ -71,9 +71,6 @@ const OUTPUT_TAIL_BYTES: usize = 2048;
 /// How long output is still collected after a verify command exited (a
 /// background child may hold the pipe open forever).
 const OUTPUT_DRAIN_WAIT: Duration = Duration::from_millis(200);
-
-/// The size of one read from the swarm connection.
-const SWARM_READ_BYTES: usize = 256;
 
 /// Aborts a helper task when its owner ends.
 struct AbortOnDrop(AbortHandle);
@@ -414,8 +411,15 @@ impl Boot {
 
     /// Makes `membership` the agent's current one.
     fn hold(&self, membership: Membership, fatal: mpsc::Sender<String>) {
+        let peers = self
+            .agent
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let task = tokio::spawn(hold_membership(
             membership,
+            peers,
             self.agent.notices.clone(),
             self.agent.config.detached,
             fatal,
@@ -435,6 +439,10 @@ impl Boot {
             }
         }
         self.progress(ProgressStage::AgentStarting).await?;
+        if let Err(detail) = self.make_peers_file() {
+            self.fail(FailureStage::Start, detail).await;
+            return Ok(());
+        }
         let (notices_tx, notices) = mpsc::channel(NOTICE_QUEUE_MAX);
         let (ended_tx, mut ended) = watch::channel(None::<String>);
         if !self.order.start_command.is_empty() {
@@ -497,41 +505,46 @@ impl Boot {
 
     /// A command for `shell_command` through the wrapper role.
     fn command(&self, shell_command: &str, args: &[String]) -> Command {
-        let config = &self.agent.config;
-        let mut command = Command::new(&config.program);
-        command
-            .args(&config.program_args)
-            .envs(&self.order.env)
-            // The tags come after the user's environment so that they win.
-            .env(os::RUN_TAG, &config.run)
-            .env(os::NODE_TAG, &config.node)
-            .env(os::ATTEMPT_TAG, config.attempt.to_string())
-            .env_remove(env::PARENT_PID)
-            .env_remove(env::COMMAND)
-            .env_remove(env::STOP_GRACE_MS)
-            .env_remove(env::DETACHED)
-            .env(env::ROLE, env::ROLE_WORKLOAD)
-            .env(env::WORKLOAD_COMMAND, shell_command)
-            .env(
-                env::WORKLOAD_ARGS,
-                serde_json::to_string(args).unwrap_or_else(|_| "[]".to_owned()),
-            )
-            .env(env::WORKLOAD_PARENT_PID, getpid().as_raw().to_string())
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        // The wrapper itself starts as the agent's user (so it can always be
-        // executed) and switches before it arms its parent-death signal:
-        // the kernel clears that signal when a process changes its user.
-        if let Some(user) = self.user {
-            command
-                .env(env::WORKLOAD_UID, user.uid.to_string())
-                .env(env::WORKLOAD_GID, user.gid.to_string());
-        } else {
-            command
-                .env_remove(env::WORKLOAD_UID)
-                .env_remove(env::WORKLOAD_GID);
-        }
-        command
+        let peers_file = rendezvous::peers_file_path(&self.order);
+        workload_command(
+            &self.agent.config,
+            &self.order,
+            self.user,
+            &peers_file,
+            shell_command,
+            args,
+        )
+    }
+
+    /// Makes the node's peers file (empty) before its workload starts, with
+    /// the group's `on_peers_change` command run after each rewrite.
+    fn make_peers_file(&self) -> Result<(), String> {
+        let path = rendezvous::peers_file_path(&self.order);
+        let on_change = (!self.order.on_peers_change.is_empty()).then(|| {
+            let agent = self.agent.clone();
+            let order = self.order.clone();
+            let user = self.user;
+            let path = path.clone();
+            Box::new(move || {
+                let mut command = workload_command(
+                    &agent.config,
+                    &order,
+                    user,
+                    &path,
+                    &order.on_peers_change,
+                    &[],
+                );
+                command.stdout(Stdio::null()).stderr(Stdio::null());
+                command
+            }) as Box<dyn Fn() -> Command + Send + Sync>
+        });
+        let file = rendezvous::PeersFile::create(path, on_change)?;
+        *self
+            .agent
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(file);
+        Ok(())
     }
 
     /// Runs one verify command; `Err` says how it failed.
@@ -593,6 +606,54 @@ impl Boot {
     }
 }
 
+/// A command for `shell_command` through the wrapper role, with the
+/// environment a workload is told ([`rendezvous::workload_env`]).
+fn workload_command(
+    config: &super::AgentConfig,
+    order: &BootOrder,
+    user: Option<RunAs>,
+    peers_file: &std::path::Path,
+    shell_command: &str,
+    args: &[String],
+) -> Command {
+    let mut command = Command::new(&config.program);
+    command
+        .args(&config.program_args)
+        .envs(&order.env)
+        .envs(rendezvous::workload_env(order, peers_file))
+        // The tags come after the user's environment so that they win.
+        .env(os::RUN_TAG, &config.run)
+        .env(os::NODE_TAG, &config.node)
+        .env(os::ATTEMPT_TAG, config.attempt.to_string())
+        .env_remove(env::PARENT_PID)
+        .env_remove(env::COMMAND)
+        .env_remove(env::STOP_GRACE_MS)
+        .env_remove(env::DETACHED)
+        .env_remove(env::LISTEN_ADDRESS)
+        .env(env::ROLE, env::ROLE_WORKLOAD)
+        .env(env::WORKLOAD_COMMAND, shell_command)
+        .env(
+            env::WORKLOAD_ARGS,
+            serde_json::to_string(args).unwrap_or_else(|_| "[]".to_owned()),
+        )
+        .env(env::WORKLOAD_PARENT_PID, getpid().as_raw().to_string())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    // The wrapper itself starts as the agent's user (so it can always be
+    // executed) and switches before it arms its parent-death signal:
+    // the kernel clears that signal when a process changes its user.
+    if let Some(user) = user {
+        command
+            .env(env::WORKLOAD_UID, user.uid.to_string())
+            .env(env::WORKLOAD_GID, user.gid.to_string());
+    } else {
+        command
+            .env_remove(env::WORKLOAD_UID)
+            .env_remove(env::WORKLOAD_GID);
+    }
+    command
+}
+
 fn describe(status: std::process::ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit status {code}"),
@@ -643,9 +704,9 @@ async fn watch_workload(
     let _ = notices.try_send(notice);
 }
 
-/// A welcomed swarm connection.
+/// A welcomed swarm connection: the controller's pushes are read from it.
 struct Membership {
-    read: OwnedReadHalf,
+    read: MessageReader<SwarmPush, OwnedReadHalf>,
     write: OwnedWriteHalf,
 }
 
@@ -683,18 +744,18 @@ async fn join_swarm(agent: &Agent, join: &JoinOrder) -> Result<Membership, Strin
     write_message(&mut write, &hello)
         .await
         .map_err(|error| format!("cannot send the hello: {error}"))?;
-    let mut reader = MessageReader::<SwarmReply, _>::new(read);
+    // The membership the controller pushes after the welcome may be long,
+    // and may arrive in the welcome's read: the reader keeps it.
+    let mut reader = MessageReader::<SwarmReply, _>::with_codec(
+        read,
+        JsonLinesCodec::with_max_line_bytes(PEERS_LINE_BYTES_MAX),
+    );
     let reply = tokio::time::timeout(WELCOME_WAIT_MAX, reader.next()).await;
     match reply {
-        Ok(Ok(Some(SwarmReply::Welcome))) => {
-            if reader.has_buffered() {
-                return Err("the swarm sent more than its welcome".to_owned());
-            }
-            Ok(Membership {
-                read: reader.into_inner(),
-                write,
-            })
-        }
+        Ok(Ok(Some(SwarmReply::Welcome))) => Ok(Membership {
+            read: reader.retyped(),
+            write,
+        }),
         Ok(Ok(Some(SwarmReply::Rejected { reason }))) => {
             Err(format!("the swarm rejected the join: {reason}"))
         }
@@ -711,20 +772,25 @@ async fn join_swarm(agent: &Agent, join: &JoinOrder) -> Result<Membership, Strin
 /// it; a detached one waits for a restarted controller to resume it.
 async fn hold_membership(
     mut membership: Membership,
+    peers: Option<Arc<rendezvous::PeersFile>>,
     notices: Arc<tokio::sync::Mutex<Option<mpsc::Receiver<SwarmNotice>>>>,
     detached: bool,
     fatal: mpsc::Sender<String>,
 ) {
     // Held for the membership's life; a resume's membership waits for it.
     let mut notices = notices.lock_owned().await;
-    let mut buffer = [0_u8; SWARM_READ_BYTES];
     let mut notices_open = notices.is_some();
     // Bounded by the connection's life.
     let reason = loop {
         tokio::select! {
-            read = membership.read.read(&mut buffer) => match read {
-                Ok(0) => break "the swarm connection closed".to_owned(),
-                Ok(_) => tracing::debug!("ignoring unexpected data from the swarm"),
+            push = membership.read.next() => match push {
+                Ok(Some(SwarmPush::Peers(update))) => {
+                    if let Some(peers) = &peers {
+                        peers.rewrite(&update);
+                    }
+                }
+                Ok(Some(SwarmPush::Unknown)) => tracing::debug!("ignoring an unknown push"),
+                Ok(None) => break "the swarm connection closed".to_owned(),
                 Err(error) => break format!("the swarm connection failed: {error}"),
             },
             notice = next_notice(&mut notices), if notices_open => match notice {

@@ -58,3 +58,9 @@ pub const STATUS_FILE: &str = "PROVISION_AGENT_STATUS_FILE";
 /// Remote boot mode: how long, in milliseconds, the agent re-dials the swarm
 /// after its connection ended before it stops its node (default 60 s).
 pub const REJOIN_WINDOW_MS: &str = "PROVISION_AGENT_REJOIN_WINDOW_MS";
+
+/// The loopback address the agent's control listener binds (and so the
+/// node's endpoint and `PROVISION_ADDRESS`); `127.0.0.1` when unset. The
+/// process provider gives every slot an address of its own, so workloads
+/// of several nodes on one machine can each bind the same ports.
+pub const LISTEN_ADDRESS: &str = "PROVISION_AGENT_LISTEN_ADDRESS";

@@ -32,6 +32,7 @@
 mod boot;
 pub mod env;
 pub mod remote;
+pub mod rendezvous;
 mod wrapper;
 
 use std::ffi::OsString;
@@ -127,6 +128,23 @@ pub(crate) struct AgentConfig {
     /// How to start this binary again (for the wrapper role).
     pub(crate) program: PathBuf,
     pub(crate) program_args: Vec<OsString>,
+    /// The loopback address of the control listener.
+    pub(crate) listen: Ipv4Addr,
+}
+
+/// The control listener's address: [`env::LISTEN_ADDRESS`], a loopback
+/// address, or `127.0.0.1`.
+fn listen_address() -> Result<Ipv4Addr, AgentError> {
+    let Ok(value) = std::env::var(env::LISTEN_ADDRESS) else {
+        return Ok(Ipv4Addr::LOCALHOST);
+    };
+    match value.parse::<Ipv4Addr>() {
+        Ok(address) if address.is_loopback() => Ok(address),
+        _ => Err(AgentError::BadEnv {
+            name: env::LISTEN_ADDRESS,
+            value,
+        }),
+    }
 }
 
 fn required(name: &'static str) -> Result<String, AgentError> {
@@ -182,6 +200,7 @@ impl AgentConfig {
             stop_grace: Duration::from_millis(parsed(env::STOP_GRACE_MS)?),
             program: PathBuf::from(program),
             program_args,
+            listen: listen_address()?,
         })
     }
 }
@@ -221,6 +240,8 @@ pub(crate) struct Agent {
     pub(crate) notices: Arc<tokio::sync::Mutex<Option<mpsc::Receiver<SwarmNotice>>>>,
     /// The task holding the current swarm membership; a resume replaces it.
     pub(crate) membership: Mutex<Option<AbortHandle>>,
+    /// The node's peers file, once the boot made it; a resume keeps it.
+    pub(crate) peers: Mutex<Option<Arc<rendezvous::PeersFile>>>,
     /// Whether the agent leads its process group (it does when the plugin
     /// started it). Only a leader may take its whole group down.
     leader: bool,
@@ -268,6 +289,16 @@ impl Agent {
     /// died first) is not waited for, but the final `SIGKILL` of the group
     /// reaches it all the same.
     async fn stop_node(&self) {
+        // The agent may not live to drop it: its process can end with the
+        // group's final `SIGKILL`.
+        if let Some(peers) = self
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            peers.remove();
+        }
         if !self.leader {
             self.kill_children();
             return;
@@ -428,7 +459,7 @@ async fn run(config: AgentConfig) -> Result<(), AgentError> {
     if !leader {
         tracing::warn!("not a process group leader; stopping will kill children one by one");
     }
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+    let listener = TcpListener::bind((config.listen, 0))
         .await
         .map_err(system("binding the control listener"))?;
     let address = listener
@@ -453,6 +484,7 @@ async fn run(config: AgentConfig) -> Result<(), AgentError> {
             first_join: None,
         }),
         notices: Arc::new(tokio::sync::Mutex::new(None)),
+        peers: Mutex::new(None),
         membership: Mutex::new(None),
         leader,
     });

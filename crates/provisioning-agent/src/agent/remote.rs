@@ -31,13 +31,13 @@ use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use super::env;
-use crate::codec::{MessageReader, encode_message, write_message};
+use super::{env, rendezvous};
+use crate::codec::{JsonLinesCodec, MessageReader, encode_message, write_message};
 use crate::credential::NodeCredential;
 use crate::os;
 use crate::wire::{
-    BootOrder, ControlReply, FailureStage, PROTOCOL_VERSION, ProgressStage, SwarmHello,
-    SwarmNotice, SwarmReply,
+    BootOrder, ControlReply, FailureStage, PEERS_LINE_BYTES_MAX, PROTOCOL_VERSION, ProgressStage,
+    SwarmHello, SwarmNotice, SwarmPush, SwarmReply,
 };
 
 /// The default re-join window.
@@ -183,13 +183,10 @@ fn command(order: &BootOrder, shell_command: &str, args: &[String]) -> Command {
         .arg(shell_command)
         .arg("sh")
         .args(args)
-        .envs(&order.env)
-        .env(os::RUN_TAG, &order.run)
-        .env(os::NODE_TAG, &order.node)
-        .env(os::ATTEMPT_TAG, order.attempt.to_string())
         .env_remove(env::BOOT_FILE)
         .env_remove(env::STATUS_FILE)
         .stdin(Stdio::null());
+    rendezvous::tell_workload(&mut command, order, &rendezvous::peers_file_path(order));
     command
 }
 
@@ -274,6 +271,25 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
     status.report(&ControlReply::Progress {
         stage: ProgressStage::AgentStarting,
     });
+    let on_change = (!order.on_peers_change.is_empty()).then(|| {
+        let order = order.clone();
+        Box::new(move || {
+            let mut hook = command(&order, &order.on_peers_change, &[]);
+            hook.stdout(Stdio::null()).stderr(Stdio::null());
+            hook
+        }) as Box<dyn Fn() -> Command + Send + Sync>
+    });
+    let peers = match rendezvous::PeersFile::create(rendezvous::peers_file_path(&order), on_change)
+    {
+        Ok(peers) => peers,
+        Err(detail) => {
+            status.report(&ControlReply::Failed {
+                stage: FailureStage::Start,
+                detail,
+            });
+            return EXIT_START;
+        }
+    };
     let (notices_tx, mut notices) = mpsc::channel::<SwarmNotice>(1);
     if !order.start_command.is_empty() {
         let spawned = command(&order, &order.start_command, &order.args).spawn();
@@ -347,7 +363,6 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
             pending_notice = Some(notice);
             continue;
         }
-        let mut buffer = [0_u8; 256];
         // Bounded by the connection's life.
         loop {
             tokio::select! {
@@ -356,12 +371,13 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
                     stop_group(&order.run, grace).await;
                     return 0;
                 }
-                read = connection.0.read(&mut buffer) => match read {
-                    Ok(0) | Err(_) => {
+                push = connection.0.next() => match push {
+                    Ok(Some(SwarmPush::Peers(update))) => peers.rewrite(&update),
+                    Ok(Some(SwarmPush::Unknown)) => tracing::debug!("ignoring an unknown push"),
+                    Ok(None) | Err(_) => {
                         tracing::warn!("swarm connection lost; re-dialing");
                         break;
                     }
-                    Ok(_) => {}
                 },
                 notice = notices.recv() => {
                     let Some(notice) = notice else { continue };
@@ -379,9 +395,9 @@ async fn run(order: BootOrder, status: Status, window: Duration, grace: Duration
     }
 }
 
-/// A welcomed swarm connection; its read half is only watched for its end.
+/// A welcomed swarm connection: the controller's pushes are read from it.
 type Connection = (
-    tokio::net::tcp::OwnedReadHalf,
+    MessageReader<SwarmPush, tokio::net::tcp::OwnedReadHalf>,
     tokio::net::tcp::OwnedWriteHalf,
 );
 
@@ -403,9 +419,14 @@ async fn dial(order: &BootOrder) -> Result<Connection, String> {
         write_message(&mut write, &hello)
             .await
             .map_err(|e| format!("cannot send the hello: {e}"))?;
-        let mut reader = MessageReader::<SwarmReply, _>::new(read);
+        // The membership pushed after the welcome may be long, and may
+        // arrive in the welcome's read: the reader keeps it.
+        let mut reader = MessageReader::<SwarmReply, _>::with_codec(
+            read,
+            JsonLinesCodec::with_max_line_bytes(PEERS_LINE_BYTES_MAX),
+        );
         match reader.next().await {
-            Ok(Some(SwarmReply::Welcome)) => Ok((reader.into_inner(), write)),
+            Ok(Some(SwarmReply::Welcome)) => Ok((reader.retyped(), write)),
             Ok(Some(SwarmReply::Rejected { reason })) => Err(format!("rejected: {reason}")),
             Ok(None) => Err("the swarm closed the connection".to_owned()),
             Err(e) => Err(format!("bad answer from the swarm: {e}")),

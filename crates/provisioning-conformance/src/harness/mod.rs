@@ -654,6 +654,8 @@ struct Harness<S: Substrate> {
     tail_new_attempts: u64,
     steps: usize,
     narration: Vec<String>,
+    /// What G35 remembers between the peers updates the host hands out.
+    membership: oracle::MembershipWatch,
 }
 
 /// A one-line description of every node, for narrations and reports.

@@ -201,6 +201,7 @@ pub(super) fn kit_template(name: &str, versions: [u32; 4]) -> NodeTemplate {
             labels: BTreeMap::new(),
         },
         boot: BootParams {
+            on_peers_change: String::new(),
             start_command: format!("start-v{boot}"),
             ..BootParams::default()
         },

@@ -38,6 +38,7 @@ impl RealNode<'_> {
             provider: self.provider.to_owned(),
             shape: self.shape.unwrap_or_else(|| template.shape.clone()),
             boot: BootParams {
+                on_peers_change: String::new(),
                 user: String::new(),
                 verify_commands: vec![self.verify_command.to_owned()],
                 start_command: WORKLOAD_COMMAND.to_owned(),

@@ -18,6 +18,7 @@
 //! | `limits.rs` | G29 G30 (resume form): the operator's limits |
 //! | `recovery.rs` | G26: durable state across a crash |
 //! | `rejoin.rs` | G37: readiness re-earned after a crash |
+//! | `membership.rs` | G35: the peers updates a host hands its agents |
 //!
 //! Beside them, `verdict.rs` holds what a check returns, `model.rs` the
 //! kit's own model (plain-millisecond time, [`DesiredSlots`], readiness,
@@ -41,6 +42,7 @@
 //! | at every host wake on an operation deadline | G25 (not a tick early), G02 (the timeout reported twice) |
 //! | every few inputs and at the end | G19 forced pass |
 //! | revision probes | G16 |
+//! | after every drive (and every wake without one) | G35: the membership taken, against the state now |
 //! | after the fair tail | G21 G22 G23 G24 |
 //! | across runs of one trace | G18 (same trace twice), G20 (tail work in another order) |
 //! | at every recovery after a crash | G26 (pending operations made ambiguous, journal readable, recovery succeeds), G37 |
@@ -62,6 +64,7 @@ mod generation;
 mod identity;
 mod ledger;
 mod limits;
+mod membership;
 mod model;
 mod observed;
 mod plan;
@@ -110,6 +113,7 @@ pub(crate) use limits::{
     g29_creates_in_flight_are_counted, g29_creates_within_cap, g29_rollout_within_budget,
     g30_resume_reports_and_closes, g30_resumed_group_is_not_held, is_drift_takedown,
 };
+pub(crate) use membership::{MembershipWatch, g35_update_lists_exactly_the_ready_attempts};
 pub(crate) use model::{
     DesiredSlots, at_or_after, creates_pending, kit_ready, later_than, owned, unavailable_slots,
 };

@@ -70,11 +70,16 @@ pub(crate) enum Flaw {
     /// An acknowledged convergence report is forgotten, so the report is
     /// sent again if a pass comes before the session closes.
     ForgetsConvergenceReport,
+    /// A node that leaves the membership (lost, torn down, replaced) stays
+    /// listed in every later peers update.
+    MembershipKeepsLeavers,
 }
 
 struct Broken {
     inner: ClusterDriver,
     flaw: Flaw,
+    /// Every member a peers update ever listed (for `MembershipKeepsLeavers`).
+    listed: std::collections::BTreeMap<LogicalNodeId, provisioning::Member>,
 }
 
 pub(crate) fn broken(
@@ -85,7 +90,11 @@ pub(crate) fn broken(
         let desired = real.desired().clone();
         let state = real.state().clone();
         let inner = ClusterDriver::with_state(desired, state, setup.policy);
-        Ok(Box::new(Broken { inner, flaw }))
+        Ok(Box::new(Broken {
+            inner,
+            flaw,
+            listed: std::collections::BTreeMap::new(),
+        }))
     }
 }
 
@@ -496,6 +505,28 @@ impl DriverUnderTest for Broken {
 
     fn track_changes(&mut self) {
         self.inner.track_changes();
+    }
+
+    fn track_membership(&mut self) {
+        self.inner.track_membership();
+    }
+
+    fn take_membership(&mut self) -> Option<std::sync::Arc<provisioning::Membership>> {
+        let membership = self.inner.take_membership()?;
+        if self.flaw != Flaw::MembershipKeepsLeavers {
+            return Some(membership);
+        }
+        for member in &membership.members {
+            self.listed.insert(member.node.clone(), member.clone());
+        }
+        let mut kept = (*membership).clone();
+        for (node, member) in &self.listed {
+            if !kept.members.iter().any(|m| &m.node == node) {
+                kept.members.push(member.clone());
+            }
+        }
+        kept.members.sort_by(|a, b| a.node.cmp(&b.node));
+        Some(std::sync::Arc::new(kept))
     }
 
     fn take_changes(&mut self, now: Timestamp, read: ChangeRead) -> TakenChanges {

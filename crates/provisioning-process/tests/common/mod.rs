@@ -170,6 +170,7 @@ pub fn key(run: &RunId, group: &str, index: u32, attempt: u64) -> AttemptKey {
 
 pub fn boot(verify: &[&str], start: &str) -> BootParams {
     BootParams {
+        on_peers_change: String::new(),
         user: String::new(),
         verify_commands: verify.iter().map(|c| (*c).to_owned()).collect(),
         start_command: start.to_owned(),

@@ -138,6 +138,10 @@ impl Host {
         let (finished_tx, finished) = watch::channel(None);
 
         let mut driver = driver;
+        // The run's membership goes to the plugins (their agents' peers
+        // files) and to `HostHandle::membership` whenever it changes.
+        driver.track_membership();
+        let (membership_tx, membership) = watch::channel(None);
         driver.set_history_depth(config.history_depth);
         if config.limits != provisioning::Limits::default() {
             driver.set_limits(config.limits.clone());
@@ -154,6 +158,9 @@ impl Host {
             commands,
             shutdown_rx,
             progress: progress_tx,
+            membership: membership_tx,
+            membership_taken_at: None,
+            membership_generation: None,
             finished: finished_tx,
             phase: HostPhase::Running,
             teardown_deadline: None,
@@ -173,6 +180,7 @@ impl Host {
                 command_tx,
                 shutdown_tx,
                 progress,
+                membership,
                 finished,
                 config.run_id,
                 kinds,

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use provisioning::{ClusterShape, DesiredUpdate, Generation, NodeGroup, RunId};
+use provisioning::{ClusterShape, DesiredUpdate, Generation, Membership, NodeGroup, RunId};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::error::HostError;
@@ -104,6 +104,7 @@ pub struct HostHandle {
     commands: mpsc::Sender<Command>,
     shutdown: Arc<watch::Sender<ShutdownRequest>>,
     progress: watch::Receiver<StatusSnapshot>,
+    membership: watch::Receiver<Option<Arc<Membership>>>,
     finished: watch::Receiver<Option<ShutdownReport>>,
     run_id: RunId,
     kinds: Arc<[String]>,
@@ -124,6 +125,7 @@ impl HostHandle {
         commands: mpsc::Sender<Command>,
         shutdown: watch::Sender<ShutdownRequest>,
         progress: watch::Receiver<StatusSnapshot>,
+        membership: watch::Receiver<Option<Arc<Membership>>>,
         finished: watch::Receiver<Option<ShutdownReport>>,
         run_id: RunId,
         kinds: Arc<[String]>,
@@ -132,6 +134,7 @@ impl HostHandle {
             commands,
             shutdown: Arc::new(shutdown),
             progress,
+            membership,
             finished,
             run_id,
             kinds,
@@ -252,6 +255,13 @@ impl HostHandle {
     /// what you need and drop the guard before awaiting anything else.
     pub fn subscribe(&self) -> watch::Receiver<StatusSnapshot> {
         self.progress.clone()
+    }
+
+    /// The run's membership as the loop last handed it to the plugins
+    /// (design §22): its ready nodes and every group's desired size;
+    /// `None` before the first drive.
+    pub fn membership(&self) -> Option<Arc<Membership>> {
+        self.membership.borrow().clone()
     }
 
     /// Asks for a graceful shutdown and returns at once.

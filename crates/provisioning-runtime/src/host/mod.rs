@@ -68,5 +68,5 @@ pub use config::{
 pub use error::HostError;
 pub use handle::{AppliedRevision, HostHandle, ShutdownOutcome, ShutdownReport};
 pub use publish::{PUBLISH_INTERVAL_MAX, publish_interval};
-pub use run_loop::{MAX_OBSERVATIONS_PER_WAKE, STALE_DEADLINE_RETRY};
+pub use run_loop::{MAX_OBSERVATIONS_PER_WAKE, MEMBERSHIP_INTERVAL, STALE_DEADLINE_RETRY};
 pub use shutdown::{PLUGIN_SHUTDOWN_WAIT, TASK_SHUTDOWN_WAIT};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use provisioning::{ClusterDriver, IdempotentEffectExecutor, Observation, Timestamp};
+use provisioning::{ClusterDriver, IdempotentEffectExecutor, Membership, Observation, Timestamp};
 use provisioning_provider::PluginBackendAdapter;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -37,6 +37,11 @@ pub(super) enum Next {
     Stop(ShutdownOutcome),
 }
 
+/// The shortest time between two hand-outs of the membership to the
+/// plugins: well inside the 2 s design §22 allows from a fold to the
+/// rewritten peers files.
+pub const MEMBERSHIP_INTERVAL: Duration = Duration::from_millis(250);
+
 /// Everything the loop owns; only the loop touches the driver.
 pub(super) struct HostLoop {
     pub(super) driver: ClusterDriver,
@@ -52,6 +57,12 @@ pub(super) struct HostLoop {
     pub(super) commands: mpsc::Receiver<Command>,
     pub(super) shutdown_rx: watch::Receiver<ShutdownRequest>,
     pub(super) progress: watch::Sender<StatusSnapshot>,
+    /// The membership last handed to the plugins.
+    pub(super) membership: watch::Sender<Option<Arc<Membership>>>,
+    /// When the membership was last taken from the driver.
+    pub(super) membership_taken_at: Option<Instant>,
+    /// The desired generation of the last take.
+    pub(super) membership_generation: Option<provisioning::Generation>,
     pub(super) finished: watch::Sender<Option<ShutdownReport>>,
     pub(super) phase: HostPhase,
     pub(super) teardown_deadline: Option<Instant>,
@@ -104,6 +115,7 @@ impl HostLoop {
             let teardown = self.teardown_deadline;
             let scan_at = self.durable.as_ref().and_then(DurableLoop::next_scan);
             let publish_at = self.publish_at();
+            let membership_at = self.membership_at();
             tokio::select! {
                 biased;
                 changed = self.shutdown_rx.changed(), if shutdown_open => {
@@ -136,6 +148,7 @@ impl HostLoop {
                 report = recv_report(self.durable.as_mut()) => self.on_orphan_report(report),
                 () = sleep_until_option(scan_at), if scan_at.is_some() => self.start_scan(),
                 () = sleep_until_option(publish_at), if publish_at.is_some() => {}
+                () = sleep_until_option(membership_at), if membership_at.is_some() => {}
                 _ = tick.tick() => self.driver.trigger(),
                 () = tokio::task::yield_now(), if again => {}
             }
@@ -236,11 +249,52 @@ impl HostLoop {
                 }
             }
         }
+        self.forward_membership();
         self.publish_if_due();
         if self.phase == HostPhase::ShuttingDown && self.driver.state().nodes.is_empty() {
             return Next::Stop(ShutdownOutcome::Clean);
         }
         Next::Continue
+    }
+
+    /// When the membership is next taken: `None` while nothing that could
+    /// change it happened; at once for a new desired generation (its group
+    /// sizes go into the boot orders of the nodes it creates), else
+    /// [`MEMBERSHIP_INTERVAL`] after the last take.
+    pub(super) fn membership_at(&self) -> Option<Instant> {
+        if !self.driver.membership_pending() {
+            return None;
+        }
+        let generation = self.driver.desired().generation();
+        Some(match self.membership_taken_at {
+            Some(at) if self.membership_generation == Some(generation) => at + MEMBERSHIP_INTERVAL,
+            _ => Instant::now(),
+        })
+    }
+
+    /// Hands a changed membership to the plugins (which push it to their
+    /// agents) after the drive that folded the change, at most once per
+    /// [`MEMBERSHIP_INTERVAL`]: each hand-out costs the whole list (every
+    /// plugin encodes it, every agent receives it), so a bring-up that makes
+    /// nodes ready in many drives sends a few lists a second, not one per
+    /// drive.
+    fn forward_membership(&mut self) {
+        let Some(due) = self.membership_at() else {
+            return;
+        };
+        let now = Instant::now();
+        if now < due {
+            return;
+        }
+        self.membership_taken_at = Some(now);
+        self.membership_generation = Some(self.driver.desired().generation());
+        let Some(membership) = self.driver.take_membership() else {
+            return;
+        };
+        if let Some(executor) = &self.executor {
+            executor.backend().membership_changed(&membership);
+        }
+        self.membership.send_replace(Some(membership));
     }
 
     fn fold_one_observation(&mut self, observation: &Observation) {

@@ -242,6 +242,7 @@ pub fn group(id: &str, count: u32, start: &str) -> NodeGroup {
             provider: "fake".into(),
             shape: ProviderShape::default(),
             boot: BootParams {
+                on_peers_change: String::new(),
                 start_command: start.into(),
                 ..BootParams::default()
             },

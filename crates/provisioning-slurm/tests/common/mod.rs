@@ -127,6 +127,7 @@ pub fn spec(key: &AttemptKey, labels: BTreeMap<String, String>, start: &str) -> 
             labels,
         },
         boot: BootParams {
+            on_peers_change: String::new(),
             user: String::new(),
             verify_commands: vec!["true".to_owned()],
             start_command: start.to_owned(),

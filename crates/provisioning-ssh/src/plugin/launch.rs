@@ -113,9 +113,9 @@ impl SshPlugin {
         &self,
         agent: &AgentRuntime,
         key: &AttemptKey,
-        spec: &LogicalNodeSpec,
+        request: &BootstrapRequest,
     ) -> BootOrder {
-        let template = spec.template();
+        let template = request.spec.template();
         let boot = &template.boot;
         BootOrder {
             protocol: wire::PROTOCOL_VERSION,
@@ -134,6 +134,9 @@ impl SshPlugin {
                 swarm: template.swarm_join.swarm.clone(),
                 labels: template.swarm_join.labels.clone(),
             },
+            group_size: agent.swarm.group_size(key.node.group()),
+            address: Some(wire::address_of_endpoint(&request.endpoint.0)),
+            on_peers_change: boot.on_peers_change.clone(),
             resume_only: false,
         }
     }

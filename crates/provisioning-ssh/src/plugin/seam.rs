@@ -12,6 +12,13 @@ impl ProvisionPlugin for SshPlugin {
         self.shared.attach(sink);
     }
 
+    /// Pushes the membership to every agent of the swarm.
+    fn membership_changed(&self, membership: &Arc<provisioning::Membership>) {
+        if let Some(agent) = &self.agent {
+            agent.swarm.publish_peers(membership);
+        }
+    }
+
     async fn create_node(
         &self,
         key: &AttemptKey,
@@ -215,7 +222,7 @@ impl ProvisionPlugin for SshPlugin {
         if newly_expected {
             agent.swarm.expect(key);
         }
-        let order = serde_json::to_string(&self.boot_order(agent, key, &request.spec))
+        let order = serde_json::to_string(&self.boot_order(agent, key, request))
             .map_err(|error| PluginError::definite(format!("encoding the boot order: {error}")))?;
         let remote_agent = format!("{}/.agents/{}", host.claim_root(), agent.digest);
         let boot = &request.spec.template().boot;

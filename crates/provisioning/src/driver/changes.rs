@@ -37,6 +37,11 @@ impl ClusterDriver {
                 changes.nodes.insert(node.clone());
             }
         }
+        if let Some(membership) = &mut self.membership {
+            if !membership.dirty.contains(node) {
+                membership.dirty.insert(node.clone());
+            }
+        }
     }
 
     /// The meta (desired shape, observed generation, allocator) changed.

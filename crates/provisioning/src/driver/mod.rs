@@ -26,6 +26,8 @@
 //! - `changes`: which nodes changed since a host last took them (one take,
 //!   read through a [`DriverChangesView`]), and the durable form of the
 //!   driver's memory;
+//! - `membership`: the run's membership (its ready nodes) handed out
+//!   whenever it changed;
 //! - `recover`: a driver rebuilt from a committed durable state;
 //! - `error`, `sink`, `report`: the driver's errors, the seam it hands
 //!   operations to, and what it reports.
@@ -35,6 +37,7 @@ mod error;
 mod fold;
 mod gate;
 mod history;
+mod membership;
 mod pass;
 mod recover;
 mod report;
@@ -50,6 +53,7 @@ use crate::effect::EffectKind;
 use crate::history::NodeHistory;
 use crate::id::{Generation, LogicalNodeId, RunId};
 use crate::limits::{LimitState, Limits};
+use crate::membership::MembershipTracker;
 use crate::policy::RetryPolicy;
 use crate::shape::{ClusterShape, DesiredState};
 use crate::state::{ClusterState, ManagedNode};
@@ -93,6 +97,8 @@ pub struct ClusterDriver {
     inserted: Vec<(LogicalNodeId, Box<ManagedNode>)>,
     /// `Some` once [`ClusterDriver::track_changes`] was called.
     changes: Option<ChangeTracker>,
+    /// `Some` once [`ClusterDriver::track_membership`] was called.
+    membership: Option<MembershipTracker>,
     limits: Limits,
     limit_state: LimitState,
     /// How many transitions each node keeps; 0 keeps no history.
@@ -128,6 +134,7 @@ impl ClusterDriver {
             counters: DriverCounters::default(),
             inserted: Vec::new(),
             changes: None,
+            membership: None,
             limits: Limits::default(),
             limit_state: LimitState::default(),
             history_depth: 0,

@@ -170,6 +170,10 @@ impl<S: Substrate> Harness<S> {
             &self.executor_watch.notified,
         );
         self.driver = driver;
+        // The recovered controller hands out a membership of its own,
+        // numbered anew (G35).
+        self.driver.track_membership();
+        self.membership.controller_replaced();
         self.durable.awaiting_rejoin = held_ready;
         // G37 at once: the recovered driver counts none of them ready.
         self.check_rejoins()?;

@@ -101,6 +101,9 @@ impl<S: Substrate> Harness<S> {
             .requeue_at()
             .is_some_and(|t| oracle::at_or_after(self.now, t));
         if !self.driver.is_queued() && !due_timer {
+            // A host hands out the membership after every wake, drive or
+            // not: folds alone can change it.
+            self.check_peers_update()?;
             return Ok(false);
         }
         let pre = self.driver.state().clone();
@@ -151,8 +154,26 @@ impl<S: Substrate> Harness<S> {
         if !edge && !self.edges_reached {
             self.check_breakers()?;
         }
+        self.check_peers_update()?;
         self.hand_out(batch)?;
         Ok(passes > 0)
+    }
+
+    /// Takes the membership as a host does after a drive, to push it to the
+    /// agents, and holds it to the driver's state now (G35).
+    fn check_peers_update(&mut self) -> Result<(), Violation> {
+        if self.edges_reached {
+            return Ok(());
+        }
+        let Some(membership) = self.driver.take_membership() else {
+            return Ok(());
+        };
+        let verdict = oracle::g35_update_lists_exactly_the_ready_attempts(
+            &membership,
+            self.driver.state(),
+            &mut self.membership,
+        );
+        self.check(verdict)
     }
 
     /// Something asked the driver for a full pass (a changed shape, new

@@ -61,6 +61,7 @@ impl<S: Substrate> Harness<S> {
             detail: format!("the driver could not be built: {error}"),
         })?;
         driver.track_changes();
+        driver.track_membership();
         let history_watch =
             crate::harness::HistoryWatch::start(driver.as_mut(), crate::harness::HISTORY_DEPTH);
         let now = Timestamp::from_millis(header.clock_start_ms);
@@ -121,6 +122,7 @@ impl<S: Substrate> Harness<S> {
             tail_new_attempts: 0,
             steps: 0,
             narration: Vec::new(),
+            membership: oracle::MembershipWatch::default(),
         })
     }
 
