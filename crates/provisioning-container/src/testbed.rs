@@ -1,0 +1,344 @@
+//! A private Docker engine for tests and benchmarks: its own `dockerd`
+//! (with its own `containerd`) on a socket, data root, exec root and pid
+//! file of its own, a bridge network of its own, and a test image built
+//! locally — no registry is reachable, so the image is a root file system
+//! made of this machine's `sh`, a few tools, and the C libraries the node
+//! agent links, loaded with `docker import`.
+//!
+//! The sandbox has no `CAP_SYS_RESOURCE`, so the daemon runs with default
+//! ulimits (`nofile=1024:1024`, `nproc=4096:4096`); it gets no default
+//! `docker0` bridge (`--bridge none`, so that engines of concurrent tests do
+//! not fight over it) and sets no iptables rules.
+//!
+//! Dropping an [`Engine`] removes every container and the network, stops
+//! the daemon and removes its directories, also when a test fails. A
+//! missing `dockerd` is a loud panic, never a skipped test.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The tag of the test image.
+pub const TEST_IMAGE: &str = "provision-test:1";
+
+/// The tools the test image holds (besides the agent's libraries).
+const IMAGE_TOOLS: [&str; 6] = ["sh", "cat", "mktemp", "rm", "sleep", "ls"];
+
+/// How long the daemon may take to answer after it starts.
+const START_WAIT: Duration = Duration::from_secs(60);
+
+/// How long the daemon may take to stop before it is killed.
+const STOP_WAIT: Duration = Duration::from_secs(20);
+
+/// A private Docker daemon; see the module documentation.
+#[derive(Debug)]
+pub struct Engine {
+    dir: tempfile::TempDir,
+    daemon: Option<Child>,
+    network: String,
+    gateway: String,
+}
+
+impl Engine {
+    /// Starts the daemon, makes the network and the test image from
+    /// `agent`'s libraries.
+    ///
+    /// # Panics
+    /// When `dockerd` or `docker` is missing or the daemon does not come up
+    /// (run `scripts/test-deps.sh`).
+    pub fn start(agent: &Path) -> Engine {
+        let dir = tempfile::Builder::new()
+            .prefix("prov-dockerd-")
+            .tempdir_in("/tmp")
+            .expect("a directory for the test engine");
+        let mut engine = Engine {
+            dir,
+            daemon: None,
+            network: String::new(),
+            gateway: String::new(),
+        };
+        engine.launch();
+        let network = format!(
+            "provtest-{}",
+            engine
+                .dir
+                .path()
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("net")
+                .trim_start_matches("prov-dockerd-")
+                .to_ascii_lowercase()
+        );
+        engine.docker_ok(&["network", "create", "--driver", "bridge", &network]);
+        let gateway = engine.docker_ok(&[
+            "network",
+            "inspect",
+            "-f",
+            "{{(index .IPAM.Config 0).Gateway}}",
+            &network,
+        ]);
+        engine.network = network;
+        engine.gateway = gateway.trim().to_owned();
+        engine.build_image(agent);
+        engine
+    }
+
+    fn launch(&mut self) {
+        let root = self.dir.path();
+        let log = std::fs::File::create(root.join("dockerd.log")).expect("the daemon's log");
+        let child = Command::new("dockerd")
+            .arg("--host")
+            .arg(format!("unix://{}", self.socket_path().display()))
+            .arg("--data-root")
+            .arg(root.join("data"))
+            .arg("--exec-root")
+            .arg(root.join("exec"))
+            .arg("--pidfile")
+            .arg(root.join("docker.pid"))
+            .args(["--default-ulimit", "nofile=1024:1024"])
+            .args(["--default-ulimit", "nproc=4096:4096"])
+            .args(["--bridge", "none", "--iptables=false", "--ip-masq=false"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the daemon's log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start dockerd ({e}); install docker.io with scripts/test-deps.sh")
+            });
+        self.daemon = Some(child);
+        let deadline = Instant::now() + START_WAIT;
+        // Bounded by the deadline.
+        loop {
+            if self
+                .docker(&["version", "--format", "{{.Server.Version}}"])
+                .0
+            {
+                return;
+            }
+            if let Some(child) = self.daemon.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("dockerd exited ({status}):\n{}", self.log_tail());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dockerd did not answer within {START_WAIT:?}:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("dockerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// The engine's socket path.
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.path().join("docker.sock")
+    }
+
+    /// The engine's socket as the plugin is configured with it.
+    pub fn socket(&self) -> String {
+        format!("unix://{}", self.socket_path().display())
+    }
+
+    /// The test network's name.
+    pub fn network(&self) -> &str {
+        &self.network
+    }
+
+    /// The host's address on the test network: where containers dial the
+    /// controller.
+    pub fn gateway(&self) -> std::net::IpAddr {
+        self.gateway.parse().expect("the network's gateway address")
+    }
+
+    /// Runs `docker ARGS` against this engine: (success, stdout, stderr).
+    pub fn docker(&self, args: &[&str]) -> (bool, String, String) {
+        let output = Command::new("docker")
+            .arg("--host")
+            .arg(self.socket())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run the docker client ({e}); install docker.io"));
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Runs `docker ARGS` and returns its output.
+    ///
+    /// # Panics
+    /// When it fails.
+    pub fn docker_ok(&self, args: &[&str]) -> String {
+        let (ok, stdout, stderr) = self.docker(args);
+        assert!(ok, "docker {args:?} failed: {stderr}");
+        stdout
+    }
+
+    /// The ids of this engine's containers whose name starts with `prefix`
+    /// (any state).
+    pub fn containers(&self, prefix: &str) -> Vec<(String, String, String)> {
+        let (_, out, _) = self.docker(&[
+            "ps",
+            "-a",
+            "--no-trunc",
+            "--format",
+            "{{.ID}} {{.Names}} {{.State}}",
+        ]);
+        out.lines()
+            .filter_map(|l| {
+                let mut parts = l.split_whitespace();
+                Some((
+                    parts.next()?.to_owned(),
+                    parts.next()?.to_owned(),
+                    parts.next().unwrap_or("").to_owned(),
+                ))
+            })
+            .filter(|(_, name, _)| name.starts_with(prefix))
+            .collect()
+    }
+
+    /// Stops the daemon (containers die with it: no live restore) and
+    /// starts it again on the same directories and socket.
+    pub fn restart(&mut self) {
+        self.stop_daemon();
+        self.launch();
+    }
+
+    /// Stops the daemon: its socket is gone until [`Engine::resume`].
+    pub fn stop_daemon(&mut self) {
+        if let Some(mut child) = self.daemon.take() {
+            let _ = send_signal(child.id(), "TERM");
+            let deadline = Instant::now() + STOP_WAIT;
+            // Bounded by the deadline.
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the daemon again after [`Engine::stop_daemon`].
+    pub fn resume(&mut self) {
+        if self.daemon.is_none() {
+            self.launch();
+        }
+    }
+
+    fn build_image(&self, agent: &Path) {
+        let root = self.dir.path().join("image-root");
+        std::fs::create_dir_all(root.join("tmp")).expect("the image root");
+        let mut files: Vec<PathBuf> = Vec::new();
+        for tool in IMAGE_TOOLS {
+            let path = which(tool).unwrap_or_else(|| panic!("no {tool} on this machine"));
+            copy_into(&root, &path, Some(&Path::new("/bin").join(tool)));
+            files.push(path);
+        }
+        files.push(agent.to_path_buf());
+        for file in &files {
+            for library in libraries(file) {
+                copy_into(&root, &library, None);
+            }
+        }
+        set_mode(&root.join("tmp"), 0o1777);
+        let tar = Command::new("tar")
+            .arg("-C")
+            .arg(&root)
+            .args(["-c", "."])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("tar");
+        let status = Command::new("docker")
+            .arg("--host")
+            .arg(self.socket())
+            .args(["import", "-", TEST_IMAGE])
+            .stdin(tar.stdout.expect("tar's output"))
+            .stdout(Stdio::null())
+            .status()
+            .expect("docker import");
+        assert!(status.success(), "docker import of the test image failed");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(tool))
+        .find(|candidate| candidate.is_file())
+}
+
+/// The shared libraries `ldd` lists for `file`.
+fn libraries(file: &Path) -> Vec<PathBuf> {
+    let output = Command::new("ldd").arg(file).output().expect("ldd");
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .filter(|word| word.starts_with('/'))
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// Copies `source` (following links) into `root` at `target` (default: its
+/// own path).
+fn copy_into(root: &Path, source: &Path, target: Option<&Path>) {
+    let target = target.unwrap_or(source);
+    let destination = root.join(target.strip_prefix("/").unwrap_or(target));
+    if let Some(parent) = destination.parent() {
+        std::fs::create_dir_all(parent).expect("a directory of the image root");
+    }
+    std::fs::copy(source, &destination)
+        .unwrap_or_else(|e| panic!("cannot copy {} into the image: {e}", source.display()));
+}
+
+/// Sends `signal` to `pid` with the system's `kill`.
+fn send_signal(pid: u32, signal: &str) -> std::io::Result<()> {
+    Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map(|_| ())
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if self.daemon.is_some() {
+            let (_, ids, _) = self.docker(&["ps", "-aq"]);
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            if !ids.is_empty() {
+                let mut args = vec!["rm", "-f"];
+                args.extend(ids);
+                let _ = self.docker(&args);
+            }
+            if !self.network.is_empty() {
+                let network = self.network.clone();
+                let _ = self.docker(&["network", "rm", &network]);
+            }
+        }
+        self.stop_daemon();
+        // Whatever the daemon left mounted below its directories.
+        let _ = Command::new("umount")
+            .arg("-R")
+            .arg("-l")
+            .arg(self.dir.path().join("data"))
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::io::stderr().flush();
+    }
+}
