@@ -7,9 +7,13 @@
 #   iproute2 (network namespaces for the testbed).
 #   provisioning-slurm tests: slurmctld, slurmd and slurm-client (Slurm's
 #   daemons and commands) and munge (its authentication daemon).
+#   provisioning-container tests: docker.io (dockerd, containerd and the
+#   docker client; the tests start their own daemon on a socket of their
+#   own), podman, and runc (Podman's default crun refuses this machine's
+#   hybrid cgroups; runc works).
 set -eu
 
-packages="openssh-server openssh-client util-linux iproute2 slurmctld slurmd slurm-client munge tmux"
+packages="openssh-server openssh-client util-linux iproute2 slurmctld slurmd slurm-client munge tmux docker.io podman runc"
 
 missing=""
 for package in $packages; do
@@ -31,6 +35,6 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
 # shellcheck disable=SC2086
 apt-get install -y -qq --no-install-recommends $missing >/dev/null
-# The packages may start a system sshd, munged or Slurm daemons; the tests
-# run their own (with their own configuration) and need none of them.
+# The packages may start a system sshd, munged, Slurm or Docker daemons; the
+# tests run their own (with their own configuration) and need none of them.
 echo "test-deps.sh: installed$missing"
