@@ -49,5 +49,5 @@ pub use config::{
 };
 pub use plugin::{
     ContainerError, ContainerPlugin, FaultMode, FaultStep, LABEL_ATTEMPT, LABEL_MANAGED_BY,
-    LABEL_NODE, LABEL_RUN, MANAGED_BY, PROVIDER_KIND, container_name,
+    LABEL_NODE, LABEL_RUN, MANAGED_BY, PROVIDER_KIND, container_name, with_refused_engine,
 };

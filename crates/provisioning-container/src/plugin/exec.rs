@@ -146,6 +146,7 @@ fn exec_error(what: &str, error: &bollard::errors::Error) -> PluginError {
 /// its standard input, and a task that relays its stages for session
 /// `serial` of `key` until its output ends.
 pub(crate) async fn launch_agent(
+    docker: &Docker,
     shared: &std::sync::Arc<Shared>,
     key: &AttemptKey,
     serial: u64,
@@ -163,13 +164,11 @@ pub(crate) async fn launch_agent(
         cmd: Some(cmd),
         ..Default::default()
     };
-    let exec = shared
-        .docker
+    let exec = docker
         .create_exec(container, config)
         .await
         .map_err(|e| exec_error(&what, &e))?;
-    let started = shared
-        .docker
+    let started = docker
         .start_exec(&exec.id, None::<StartExecOptions>)
         .await
         .map_err(|e| engine::acting(&what, &e))?;
@@ -234,13 +233,16 @@ async fn follow(
     let Some(shared) = shared.upgrade() else {
         return;
     };
-    let code = shared
-        .docker
-        .inspect_exec(&exec)
-        .await
-        .ok()
-        .and_then(|i| i.exit_code);
-    let detail = match code {
+    // The stream also ends when the engine restarts (its containers and
+    // their processes live on): only an agent the engine says ended failed.
+    // One that never joins is failed by the join watchdog.
+    let Ok(inspected) = shared.docker.inspect_exec(&exec).await else {
+        return;
+    };
+    if inspected.running == Some(true) {
+        return;
+    }
+    let detail = match inspected.exit_code {
         Some(code) => format!("the agent ended (exit status {code}) before it joined"),
         None => "the agent's output ended before it joined".to_owned(),
     };

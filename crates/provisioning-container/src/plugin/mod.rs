@@ -89,6 +89,20 @@ pub enum FaultMode {
     ReplyLost,
 }
 
+tokio::task_local! {
+    /// Set for a call whose every engine request must meet a refusing
+    /// socket (see [`with_refused_engine`]).
+    static REFUSED_ENGINE: ();
+}
+
+/// A testing hook: runs `call` (plugin calls of this task) with every
+/// engine request sent to a socket nobody listens on — a real refused
+/// connection before anything was sent — while the plugin's background
+/// tasks keep the real engine.
+pub async fn with_refused_engine<F: std::future::Future>(call: F) -> F::Output {
+    REFUSED_ENGINE.scope((), call).await
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -264,7 +278,11 @@ impl Shared {
     }
 
     /// Every container of `run` this plugin made (any state).
-    async fn containers_of(&self, run: &RunId) -> Result<Vec<ContainerSummary>, PluginError> {
+    async fn containers_of(
+        &self,
+        docker: &Docker,
+        run: &RunId,
+    ) -> Result<Vec<ContainerSummary>, PluginError> {
         let filters = HashMap::from([(
             "label".to_owned(),
             vec![
@@ -277,7 +295,7 @@ impl Shared {
             filters: Some(filters),
             ..Default::default()
         };
-        self.docker
+        docker
             .list_containers(Some(options))
             .await
             .map_err(|e| engine::looking("listing the run's containers", &e))
@@ -289,7 +307,9 @@ impl Shared {
         if watched.is_empty() {
             return Ok(0);
         }
-        let present = self.containers_of(&self.config.run_id).await?;
+        let present = self
+            .containers_of(&self.docker, &self.config.run_id)
+            .await?;
         let mut lost = 0;
         for (key, id) in watched {
             let row = present
@@ -369,11 +389,11 @@ pub struct ContainerPlugin {
     watch: tokio::task::AbortHandle,
     faults: Mutex<BTreeMap<FaultStep, FaultMode>>,
     /// A socket file nobody listens on, for [`FaultMode::Refused`].
-    refusing: Mutex<Option<(tempfile_free::Dir, Docker)>>,
+    refusing: Mutex<Option<(scratch::Dir, Docker)>>,
 }
 
 /// A directory removed on drop, without a dependency for it.
-mod tempfile_free {
+mod scratch {
     use std::path::{Path, PathBuf};
 
     /// A directory this plugin made; removed with everything in it on drop.
@@ -516,6 +536,16 @@ impl ContainerPlugin {
         lock(&self.faults).remove(&step)
     }
 
+    /// The engine client for a call: the refusing one inside
+    /// [`with_refused_engine`], else the real one.
+    fn engine(&self) -> Result<Docker, PluginError> {
+        if REFUSED_ENGINE.try_with(|_| ()).is_ok() {
+            self.refusing_client()
+        } else {
+            Ok(self.shared.docker.clone())
+        }
+    }
+
     /// A client on a socket file nobody listens on.
     fn refusing_client(&self) -> Result<Docker, PluginError> {
         let mut refusing = lock(&self.refusing);
@@ -533,7 +563,7 @@ impl ContainerPlugin {
             drop(std::os::unix::net::UnixListener::bind(&socket)?);
             Ok(socket)
         });
-        let dir = tempfile_free::Dir(dir);
+        let dir = scratch::Dir(dir);
         let socket: PathBuf = made
             .map_err(|e| PluginError::definite(format!("cannot make the refusing socket: {e}")))?;
         let client = engine::unconnected(&socket, self.shared.config.call_timeout)

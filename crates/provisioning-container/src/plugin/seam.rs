@@ -57,6 +57,10 @@ fn liveness(container: &ContainerInspectResponse) -> Liveness {
     let Some(state) = container.state.as_ref() else {
         return Liveness::Pending;
     };
+    if state.paused == Some(true) {
+        // Frozen: nothing in it answers until it is unpaused.
+        return Liveness::Pending;
+    }
     if state.running == Some(true) && state.restarting != Some(true) {
         return Liveness::Running;
     }
@@ -85,8 +89,7 @@ impl ContainerPlugin {
             ..Default::default()
         };
         let rows = self
-            .shared
-            .docker
+            .engine()?
             .list_containers(Some(options))
             .await
             .map_err(|e| engine::looking(&format!("looking for the container of {key}"), &e))?;
@@ -105,7 +108,7 @@ impl ContainerPlugin {
         name: &str,
         what: &str,
     ) -> Result<Option<ContainerInspectResponse>, PluginError> {
-        match self.shared.docker.inspect_container(name, None).await {
+        match self.engine()?.inspect_container(name, None).await {
             Ok(container) => Ok(Some(container)),
             Err(error) if engine::classify(&error) == Failure::Missing => Ok(None),
             Err(error) => Err(engine::looking(what, &error)),
@@ -121,8 +124,7 @@ impl ContainerPlugin {
         state: &str,
     ) -> Result<NodeLease, PluginError> {
         if state == "created" {
-            self.shared
-                .docker
+            self.engine()?
                 .start_container(id, None)
                 .await
                 .map_err(|e| {
@@ -269,7 +271,7 @@ impl ContainerPlugin {
     /// Whether the agent runs inside container `name`.
     async fn agent_running(&self, key: &AttemptKey, name: &str) -> Result<bool, PluginError> {
         let outcome = exec::run_script(
-            &self.shared.docker,
+            &self.engine()?,
             name,
             &format!("looking for the agent of {key}"),
             &exec::probe_script(),
@@ -302,8 +304,16 @@ impl ContainerPlugin {
         self.shared
             .progress(key, serial, BootstrapProgress::Connecting);
         tracing::info!(node = %key, container = name, "starting the agent");
-        let launched =
-            exec::launch_agent(&self.shared, key, serial, name, self.agent_command(), order).await;
+        let launched = exec::launch_agent(
+            &self.engine()?,
+            &self.shared,
+            key,
+            serial,
+            name,
+            self.agent_command(),
+            order,
+        )
+        .await;
         if let Err(error) = launched {
             if !matches!(error, PluginError::Ambiguous(_)) {
                 lock(&self.shared.sessions).remove(key);
@@ -400,7 +410,7 @@ impl ProvisionPlugin for ContainerPlugin {
         let fault = self.take_fault(FaultStep::Create);
         let docker = match fault {
             Some(FaultMode::Refused) => self.refusing_client()?,
-            _ => self.shared.docker.clone(),
+            _ => self.engine()?,
         };
         lock(&self.shared.sent).insert(key.clone());
         let body = self.definition(key, &shape);
@@ -587,7 +597,7 @@ impl ProvisionPlugin for ContainerPlugin {
         }
         let grace_ticks = (self.shared.config.stop_grace.as_millis() / 100).max(1) as u64;
         match exec::run_script(
-            &self.shared.docker,
+            &self.engine()?,
             &name,
             &what,
             &exec::stop_script(grace_ticks),
@@ -620,7 +630,7 @@ impl ProvisionPlugin for ContainerPlugin {
         let fault = self.take_fault(FaultStep::Destroy);
         let docker = match fault {
             Some(FaultMode::Refused) => self.refusing_client()?,
-            _ => self.shared.docker.clone(),
+            _ => self.engine()?,
         };
         let what = format!("destroying the container of {key}");
         let grace = i32::try_from(self.shared.config.stop_grace.as_secs()).unwrap_or(i32::MAX);
@@ -679,7 +689,7 @@ impl ProvisionPlugin for ContainerPlugin {
     }
 
     async fn list_nodes(&self, run: &RunId) -> Result<Vec<ListedNode>, PluginError> {
-        let rows = self.shared.containers_of(run).await?;
+        let rows = self.shared.containers_of(&self.engine()?, run).await?;
         let listed: Vec<(String, bool, AttemptKey)> = rows
             .into_iter()
             .filter_map(|c| {
