@@ -255,7 +255,7 @@ impl Engine {
             }
         }
         set_mode(&root.join("tmp"), 0o1777);
-        let tar = Command::new("tar")
+        let mut tar = Command::new("tar")
             .arg("-C")
             .arg(&root)
             .args(["-c", "."])
@@ -266,11 +266,15 @@ impl Engine {
             .arg("--host")
             .arg(self.socket())
             .args(["import", "-", TEST_IMAGE])
-            .stdin(tar.stdout.expect("tar's output"))
+            .stdin(tar.stdout.take().expect("tar's output"))
             .stdout(Stdio::null())
             .status()
             .expect("docker import");
-        assert!(status.success(), "docker import of the test image failed");
+        let packed = tar.wait().expect("tar");
+        assert!(
+            status.success() && packed.success(),
+            "docker import of the test image failed"
+        );
         let _ = std::fs::remove_dir_all(&root);
     }
 }
