@@ -54,20 +54,23 @@ const SCALE_DOWN_TRACE: &str = "run fifo; run fifo; run fifo; stream @0 joined; 
 
 /// Written traces that reach each real fault on purpose; the generated
 /// seeds then mix them at random.
-const WRITTEN_TRACES: [&str; 6] = [
+const WRITTEN_TRACES: [&str; 7] = [
     // Creates meet a missing image, a refusing socket and a lost reply (the
     // retry adopts the container the lost reply made).
     "script create-lease definite; run fifo; tick 1000ms; script create-lease definite; \
      run fifo; tick 2000ms; run fifo; desire scale a 3; script create-lease ambiguous-done; \
      run fifo; tick 2000ms; run fifo; run fifo; tick 5000ms; run fifo; run fifo",
     // A lookup meets a paused container (not ready); a start meets the
-    // engine stopped and then a refusing socket; verify commands fail and
-    // an agent is killed before it joined.
+    // engine stopped and then a refusing socket.
     "run fifo; script lookup-endpoint not-ready; run fifo; tick 1000ms; run fifo; \
      script start-bootstrap definite; script start-bootstrap definite; run fifo; \
      tick 2000ms; run fifo; run fifo; tick 2000ms; run fifo; run fifo; \
-     stream @0 failed boot-check-failed; stream @1 failed start-failed; run fifo; \
      tick 2000ms; run fifo; run fifo; tick 2000ms; run fifo",
+    // Agents waiting at their boot gate: one verify command fails, one
+    // agent is killed before it joined; both nodes are replaced.
+    "run fifo; run fifo; run fifo; stream @0 failed boot-check-failed; \
+     stream @1 failed start-failed; run fifo; tick 2000ms; run fifo; run fifo; \
+     tick 2000ms; run fifo; run fifo; run fifo",
     // Ready nodes lose their agent, their workload, their container; a
     // destroy's reply is lost, another meets the refusing socket.
     "run fifo; run fifo; run fifo; stream @0 joined; stream @1 joined; run fifo; \

@@ -81,8 +81,9 @@ const LOSS_WAIT_MAX: Duration = Duration::from_secs(10);
 const OWN_CALL_WAIT_MAX: Duration = Duration::from_secs(30);
 
 /// How long a started agent may take to join before its bootstrap fails:
-/// longer than any trace, so that only the trace's gates decide.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(300);
+/// longer than a trace keeps an agent at its gate, so that the trace's
+/// gates decide.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Losses of leases so far: they alternate between removal and kill.
 static LEASE_LOSSES: AtomicU64 = AtomicU64::new(0);
