@@ -1,7 +1,8 @@
-//! A private Docker engine for tests and benchmarks: its own `dockerd`
+//! A private container engine for tests and benchmarks: its own `dockerd`
 //! (with its own `containerd`) on a socket, data root, exec root and pid
-//! file of its own, a bridge network of its own, and a test image built
-//! locally — no registry is reachable, so the image is a root file system
+//! file of its own, a bridge network of its own — or its own
+//! `podman system service` ([`Engine::start_podman`]) — and a test image
+//! built locally — no registry is reachable, so the image is a root file system
 //! made of this machine's `sh`, a few tools, and the C libraries the node
 //! agent links, loaded with `docker import`.
 //!
@@ -31,12 +32,29 @@ const START_WAIT: Duration = Duration::from_secs(60);
 /// How long the daemon may take to stop before it is killed.
 const STOP_WAIT: Duration = Duration::from_secs(20);
 
-/// A private Docker daemon; see the module documentation.
+/// Which engine serves the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    /// Docker's `dockerd`.
+    Docker,
+    /// Podman's `podman system service`, with `runc` (its default `crun`
+    /// refuses this machine's hybrid cgroups) and default ulimits set in a
+    /// `containers.conf` of its own.
+    Podman,
+}
+
+/// The network Podman attaches containers to by default.
+const PODMAN_NETWORK: &str = "podman";
+
+/// A private engine daemon; see the module documentation.
 #[derive(Debug)]
 pub struct Engine {
+    kind: EngineKind,
     dir: tempfile::TempDir,
     daemon: Option<Child>,
     network: String,
+    /// Whether the network is this engine's own (removed on drop).
+    own_network: bool,
     gateway: String,
 }
 
@@ -48,17 +66,46 @@ impl Engine {
     /// When `dockerd` or `docker` is missing or the daemon does not come up
     /// (run `scripts/test-deps.sh`).
     pub fn start(agent: &Path) -> Engine {
+        Engine::start_kind(EngineKind::Docker, agent)
+    }
+
+    /// Starts `podman system service` on a socket and storage of its own,
+    /// and makes the test image; containers join Podman's default network.
+    ///
+    /// # Panics
+    /// When `podman` is missing or the service does not come up (run
+    /// `scripts/test-deps.sh`).
+    pub fn start_podman(agent: &Path) -> Engine {
+        Engine::start_kind(EngineKind::Podman, agent)
+    }
+
+    fn start_kind(kind: EngineKind, agent: &Path) -> Engine {
         let dir = tempfile::Builder::new()
             .prefix("prov-dockerd-")
             .tempdir_in("/tmp")
             .expect("a directory for the test engine");
         let mut engine = Engine {
+            kind,
             dir,
             daemon: None,
             network: String::new(),
+            own_network: false,
             gateway: String::new(),
         };
         engine.launch();
+        if kind == EngineKind::Podman {
+            let gateway = engine.docker_ok(&[
+                "network",
+                "inspect",
+                "-f",
+                "{{(index .IPAM.Config 0).Gateway}}",
+                PODMAN_NETWORK,
+            ]);
+            engine.network = PODMAN_NETWORK.to_owned();
+            engine.gateway = gateway.trim().to_owned();
+            engine.build_image(agent);
+            return engine;
+        }
         let network = format!(
             "provtest-{}",
             engine
@@ -79,15 +126,63 @@ impl Engine {
             &network,
         ]);
         engine.network = network;
+        engine.own_network = true;
         engine.gateway = gateway.trim().to_owned();
         engine.build_image(agent);
         engine
     }
 
+    /// Which engine this is.
+    pub fn kind(&self) -> EngineKind {
+        self.kind
+    }
+
     fn launch(&mut self) {
         let root = self.dir.path();
-        let log = std::fs::File::create(root.join("dockerd.log")).expect("the daemon's log");
-        let child = Command::new("dockerd")
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(root.join("dockerd.log"))
+            .expect("the daemon's log");
+        let child = match self.kind {
+            EngineKind::Docker => self.dockerd(log),
+            EngineKind::Podman => self.podman(log),
+        };
+        self.daemon = Some(child);
+        self.wait_answering();
+    }
+
+    fn podman(&self, log: std::fs::File) -> Child {
+        let root = self.dir.path();
+        let conf = root.join("containers.conf");
+        std::fs::write(
+            &conf,
+            "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=4096:4096\"]\n\n[engine]\nruntime = \"runc\"\n",
+        )
+        .expect("the engine's containers.conf");
+        Command::new("podman")
+            .env("CONTAINERS_CONF", &conf)
+            .arg("--root")
+            .arg(root.join("storage"))
+            .arg("--runroot")
+            .arg(root.join("run"))
+            .args(["--cgroup-manager", "cgroupfs", "--events-backend", "file"])
+            .args(["system", "service", "--time=0"])
+            .arg(self.socket())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the daemon's log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start podman ({e}); install podman and runc with scripts/test-deps.sh"
+                )
+            })
+    }
+
+    fn dockerd(&self, log: std::fs::File) -> Child {
+        let root = self.dir.path();
+        Command::new("dockerd")
             .arg("--host")
             .arg(format!("unix://{}", self.socket_path().display()))
             .arg("--data-root")
@@ -107,8 +202,11 @@ impl Engine {
             .spawn()
             .unwrap_or_else(|e| {
                 panic!("cannot start dockerd ({e}); install docker.io with scripts/test-deps.sh")
-            });
-        self.daemon = Some(child);
+            })
+    }
+
+    /// Waits (bounded) until the daemon answers.
+    fn wait_answering(&mut self) {
         let deadline = Instant::now() + START_WAIT;
         // Bounded by the deadline.
         loop {
@@ -121,11 +219,16 @@ impl Engine {
             if let Some(child) = self.daemon.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("dockerd exited ({status}):\n{}", self.log_tail());
+                panic!(
+                    "the {:?} engine exited ({status}):\n{}",
+                    self.kind,
+                    self.log_tail()
+                );
             }
             assert!(
                 Instant::now() < deadline,
-                "dockerd did not answer within {START_WAIT:?}:\n{}",
+                "the {:?} engine did not answer within {START_WAIT:?}:\n{}",
+                self.kind,
                 self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(100));
@@ -322,6 +425,32 @@ fn send_signal(pid: u32, signal: &str) -> std::io::Result<()> {
         .map(|_| ())
 }
 
+impl Engine {
+    /// SIGKILLs every process whose command line names this engine's
+    /// directory (Podman's `conmon` monitors), by process id.
+    fn kill_monitors(&self) {
+        let needle = self.dir.path().to_string_lossy().into_owned();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            if String::from_utf8_lossy(&cmdline).contains(&needle) {
+                let _ = send_signal(pid, "KILL");
+            }
+        }
+    }
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         if self.daemon.is_some() {
@@ -332,19 +461,33 @@ impl Drop for Engine {
                 args.extend(ids);
                 let _ = self.docker(&args);
             }
-            if !self.network.is_empty() {
+            if self.own_network {
                 let network = self.network.clone();
                 let _ = self.docker(&["network", "rm", &network]);
             }
         }
         self.stop_daemon();
-        // Whatever the daemon left mounted below its directories.
-        let _ = Command::new("umount")
-            .arg("-R")
-            .arg("-l")
-            .arg(self.dir.path().join("data"))
-            .stderr(Stdio::null())
-            .status();
+        if self.kind == EngineKind::Podman {
+            // Podman's per-container and per-exec monitors (`conmon`) outlive
+            // the service; they carry this engine's storage path.
+            self.kill_monitors();
+        }
+        // Whatever the daemon left mounted below its directory (Podman's
+        // overlay driver mounts its storage onto itself), deepest first.
+        let root = self.dir.path().to_string_lossy().into_owned();
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let mut below: Vec<&str> = mounts
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(1))
+            .filter(|point| point.starts_with(&root))
+            .collect();
+        below.sort_by_key(|point| std::cmp::Reverse(point.len()));
+        for point in below {
+            let _ = Command::new("umount")
+                .args(["-l", point])
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = std::io::stderr().flush();
     }
 }

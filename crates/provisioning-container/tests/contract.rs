@@ -1,5 +1,6 @@
 //! The conformance kit's seam contract suite against the container plugin
-//! on a private Docker engine (`provisioning_container::testbed`), every
+//! on a private Docker engine and on a private Podman service
+//! (`provisioning_container::testbed`), every
 //! fault a real event:
 //!
 //! | Armed fault | Method | What really happens |
@@ -90,7 +91,20 @@ fn template(engine: &Engine) -> NodeTemplate {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_container_plugin_keeps_the_seam_contract_on_a_real_engine() {
-    let engine = Arc::new(common::engine());
+    suite_on(Arc::new(common::engine())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_container_plugin_keeps_the_seam_contract_on_podman() {
+    suite_on(Arc::new(Engine::start_podman(std::path::Path::new(
+        common::AGENT,
+    ))))
+    .await;
+}
+
+/// The suite against a plugin on `engine`, every contract exercised,
+/// nothing left behind.
+async fn suite_on(engine: Arc<Engine>) {
     let suite = run_contract_suite(|| {
         let engine = engine.clone();
         async move {
@@ -110,7 +124,7 @@ async fn the_container_plugin_keeps_the_seam_contract_on_a_real_engine() {
     let report = tokio::time::timeout(SUITE_WAIT, suite)
         .await
         .expect("the contract suite finished in time");
-    println!("{report}");
+    println!("{:?}: {report}", engine.kind());
     report.assert_passed();
     assert!(
         report.skipped().is_empty(),
