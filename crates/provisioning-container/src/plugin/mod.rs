@@ -145,6 +145,10 @@ pub(crate) struct Shared {
     known: Mutex<BTreeMap<AttemptKey, String>>,
     /// Keys a create was sent for: a container of theirs may exist.
     sent: Mutex<BTreeSet<AttemptKey>>,
+    /// Keys whose container this instance created and started: no agent
+    /// runs in it until this instance starts one (only a controller of the
+    /// run, holding the run's secret, starts agents, and this one has not).
+    fresh: Mutex<BTreeSet<AttemptKey>>,
     sessions: Mutex<BTreeMap<AttemptKey, Session>>,
     /// Agents of an earlier controller that re-joined before a start
     /// adopted them: the adopting start reports the join.
@@ -459,6 +463,7 @@ impl ContainerPlugin {
             sink: Mutex::new(None),
             known: Mutex::new(BTreeMap::new()),
             sent: Mutex::new(BTreeSet::new()),
+            fresh: Mutex::new(BTreeSet::new()),
             sessions: Mutex::new(BTreeMap::new()),
             rejoined: Mutex::new(BTreeSet::new()),
             serial: Mutex::new(0),

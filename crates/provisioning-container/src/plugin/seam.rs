@@ -424,6 +424,7 @@ impl ProvisionPlugin for ContainerPlugin {
             }
         };
         self.shared.watch(key, &id);
+        lock(&self.shared.fresh).insert(key.clone());
         tracing::info!(node = %key, container = %id, "created the node's container");
         if fault == Some(FaultMode::ReplyLost) {
             return Err(PluginError::ambiguous(format!(
@@ -528,7 +529,10 @@ impl ProvisionPlugin for ContainerPlugin {
         if let Some(id) = container.id.as_deref() {
             self.shared.watch(key, id);
         }
-        if self.agent_running(key, &name).await? {
+        // A container this instance made holds no agent yet: the look
+        // inside (one exec) is only for containers found or adopted.
+        let fresh = lock(&self.shared.fresh).remove(key);
+        if !fresh && self.agent_running(key, &name).await? {
             // An agent from an earlier controller: take it back.
             let joined = lock(&self.shared.rejoined).remove(key);
             lock(&self.shared.sessions).insert(
@@ -625,6 +629,7 @@ impl ProvisionPlugin for ContainerPlugin {
         };
         // Not watched while it goes: its end is no loss.
         let watched = lock(&self.shared.known).remove(key);
+        lock(&self.shared.fresh).remove(key);
         lock(&self.shared.sessions).remove(key);
         self.swarm.forget(key);
         let fault = self.take_fault(FaultStep::Destroy);
