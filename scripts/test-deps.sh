@@ -7,27 +7,40 @@
 #   iproute2 (network namespaces for the testbed).
 #   provisioning-slurm tests: slurmctld, slurmd and slurm-client (Slurm's
 #   daemons and commands) and munge (its authentication daemon).
+#   provisioning-container tests: docker.io (dockerd, containerd and the
+#   docker client; the tests start their own daemon on a socket of their
+#   own), podman, and runc (Podman's default crun refuses this machine's
+#   hybrid cgroups; runc works).
+#   provisioning-ec2 and provision-cli e2e_dask: python3 and python3-venv
+#   for a virtual environment holding the Python packages below.
 #
-# Then the Python packages the end-to-end tests use, in a virtual
-# environment at ${PROVISION_TEST_VENV:-/opt/provisioning-test/venv}
-# (made with python3 -m venv when absent):
+# Then the Python packages, in a virtual environment at
+# ${PROVISION_TEST_VENV:-/opt/provisioning-test/venv} (made with
+# python3 -m venv when absent):
 #
-#   provision-cli e2e_dask: dask[distributed] (a real distributed engine
-#   across a local fleet, examples/dask.toml).
+#   moto[server]: the EC2 API server the EC2 testbed wraps;
+#   dask[distributed]: a real distributed engine across a local fleet
+#   (examples/dask.toml).
 set -eu
 
-venv="${PROVISION_TEST_VENV:-/opt/provisioning-test/venv}"
-python_packages="dask[distributed]"
+packages="openssh-server openssh-client util-linux iproute2 slurmctld slurmd slurm-client munge tmux docker.io podman runc python3 python3-venv"
 
+# One pip requirement each (space-separated): adding one is one edit.
+python_packages="moto[server] dask[distributed]"
+venv="${PROVISION_TEST_VENV:-/opt/provisioning-test/venv}"
+
+# Creates the virtual environment and installs what it lacks (idempotent).
 install_python_packages() {
     if [ ! -x "$venv/bin/python" ]; then
-        python3 -m venv "$venv"
+        /usr/bin/python3 -m venv "$venv"
     fi
     # shellcheck disable=SC2086
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check $python_packages
+    if ! "$venv/bin/python" -m pip show -q $(echo "$python_packages" | sed 's/\[[^]]*\]//g') >/dev/null 2>&1; then
+        # shellcheck disable=SC2086
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check $python_packages
+        echo "test-deps.sh: installed into $venv: $python_packages"
+    fi
 }
-
-packages="openssh-server openssh-client util-linux iproute2 slurmctld slurmd slurm-client munge tmux"
 
 missing=""
 for package in $packages; do
@@ -50,7 +63,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
 # shellcheck disable=SC2086
 apt-get install -y -qq --no-install-recommends $missing >/dev/null
-# The packages may start a system sshd, munged or Slurm daemons; the tests
-# run their own (with their own configuration) and need none of them.
+# The packages may start a system sshd, munged, Slurm or Docker daemons; the
+# tests run their own (with their own configuration) and need none of them.
 echo "test-deps.sh: installed$missing"
 install_python_packages
