@@ -28,7 +28,8 @@ Control endpoint (JSON; `curl -s http://HOST:PORT/_testbed/instances`):
        KIND: capacity (InsufficientInstanceCapacity), quota
        (VcpuLimitExceeded), instance-limit (InstanceLimitExceeded),
        throttle (RequestLimitExceeded, 503), server-error (500 before
-       acting), delay (answer late), drop (act, then close the connection
+       acting), unauthorized (UnauthorizedOperation, 403), delay (answer
+       late), drop (act, then close the connection
        without a reply), server-error-after (act, then answer 500)
   POST /_testbed/clear       drops every armed fault
   POST /_testbed/interrupt   {"instance_id": "i-…"}: a spot interruption
@@ -41,6 +42,7 @@ dies with a test that started it, even one killed).
 """
 
 import argparse
+import logging
 import base64
 import json
 import os
@@ -62,6 +64,8 @@ from moto.server import ThreadedMotoServer
 
 NS = "http://ec2.amazonaws.com/doc/2016-11-15"
 ET.register_namespace("", NS)
+# moto's HTTP server logs every request; the testbed keeps quiet.
+logging.getLogger("werkzeug").setLevel(logging.ERROR)
 INSTANCE_ID = re.compile(r"<instanceId>(i-[0-9a-f]+)</instanceId>")
 # The error codes and HTTP statuses of the injected faults.
 FAULT_REPLIES = {
@@ -70,6 +74,7 @@ FAULT_REPLIES = {
     "instance-limit": (400, "InstanceLimitExceeded", "You have requested more instances than your current instance limit allows."),
     "throttle": (503, "RequestLimitExceeded", "Request limit exceeded."),
     "server-error": (500, "InternalError", "An internal error has occurred."),
+    "unauthorized": (403, "UnauthorizedOperation", "You are not authorized to perform this operation."),
 }
 # How long a stopped instance's processes get between SIGTERM and SIGKILL.
 STOP_GRACE_S = 2.0

@@ -12,6 +12,7 @@
 //! Adding a provider is one module implementing [`ProviderModule`] and one
 //! line in [`REGISTRY`].
 
+mod ec2;
 mod exec;
 mod process;
 mod slurm;
@@ -38,7 +39,13 @@ pub(crate) use process::{AGENT_SUBCOMMAND, agent_main};
 /// Every provider this build serves, in the order their tables are read
 /// and their plugins started.
 pub(crate) static REGISTRY: &[&dyn ProviderModule] =
-    &[&process::Process, &exec::Exec, &ssh::Ssh, &slurm::Slurm];
+    &[
+    &process::Process,
+    &exec::Exec,
+    &ssh::Ssh,
+    &slurm::Slurm,
+    &ec2::Ec2,
+];
 
 /// The provider a group gets when it names none: the embedded one, which
 /// needs no table.
@@ -156,7 +163,7 @@ mod tests {
     #[test]
     fn the_registry_serves_each_kind_once() {
         let kinds = kinds();
-        assert_eq!(kinds, ["process", "exec", "ssh", "slurm"]);
+        assert_eq!(kinds, ["process", "exec", "ssh", "slurm", "ec2"]);
         let default = REGISTRY.iter().filter(|p| p.kind() == DEFAULT_KIND);
         assert_eq!(
             default.map(|p| p.needs_table()).collect::<Vec<_>>(),
