@@ -57,10 +57,14 @@ impl ContractFaults for Ec2Faults {
 
     fn lose_node<'a>(&'a self, key: &'a AttemptKey) -> BoxFuture<'a, bool> {
         Box::pin(async move {
-            let found = self.bed.live_instances(key.run_id.as_str()).into_iter().find(|i| {
-                i["tags"]["provision:node"] == key.node.to_string()
-                    && i["tags"]["provision:attempt"] == key.attempt.to_string()
-            });
+            let found = self
+                .bed
+                .live_instances(key.run_id.as_str())
+                .into_iter()
+                .find(|i| {
+                    i["tags"]["provision:node"] == key.node.to_string()
+                        && i["tags"]["provision:attempt"] == key.attempt.to_string()
+                });
             let Some(instance) = found else {
                 return false;
             };

@@ -8,9 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Mode, Testbed};
-use provisioning::{
-    EndpointLookup, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, RunId,
-};
+use provisioning::{EndpointLookup, GroupId, LogicalNodeId, LogicalNodeSpec, NodeAttemptId, RunId};
 use provisioning_ec2::{
     Ec2ErrorKind, Ec2Plugin, Filter, LossReason, ReasonClass, RunRequest, client_token,
 };
@@ -25,7 +23,11 @@ fn key(run: &str, index: u32, attempt: u64) -> AttemptKey {
 }
 
 fn spec(key: &AttemptKey) -> LogicalNodeSpec {
-    LogicalNodeSpec::new(key.node.clone(), key.run_id.clone(), Arc::new(common::template()))
+    LogicalNodeSpec::new(
+        key.node.clone(),
+        key.run_id.clone(),
+        Arc::new(common::template()),
+    )
 }
 
 fn plugin(bed: &Testbed, run: &str) -> Arc<Ec2Plugin> {
@@ -60,8 +62,14 @@ async fn against_plain_moto_which_ignores_tokens_a_repeated_create_adopts_instea
     let plugin = plugin(&bed, "plain");
     // The server really ignores tokens: the same token twice makes two.
     let client = plugin.client();
-    let first = client.run_instance(&request("same", "t3.micro")).await.unwrap();
-    let second = client.run_instance(&request("same", "t3.micro")).await.unwrap();
+    let first = client
+        .run_instance(&request("same", "t3.micro"))
+        .await
+        .unwrap();
+    let second = client
+        .run_instance(&request("same", "t3.micro"))
+        .await
+        .unwrap();
     assert_ne!(first.id, second.id, "plain moto ignores ClientToken");
     // The plugin looks by tag first, so its second create adopts.
     let key = key("plain", 0, 1);
@@ -80,8 +88,14 @@ async fn the_testbed_honours_tokens_and_refuses_a_mismatched_repeat() {
     let bed = Testbed::start(Mode::Full, 0);
     let plugin = plugin(&bed, "tokens");
     let client = plugin.client();
-    let first = client.run_instance(&request("tok", "t3.micro")).await.unwrap();
-    let again = client.run_instance(&request("tok", "t3.micro")).await.unwrap();
+    let first = client
+        .run_instance(&request("tok", "t3.micro"))
+        .await
+        .unwrap();
+    let again = client
+        .run_instance(&request("tok", "t3.micro"))
+        .await
+        .unwrap();
     assert_eq!(first.id, again.id);
     let error = client
         .run_instance(&request("tok", "t3.large"))
@@ -147,7 +161,10 @@ async fn a_call_without_a_reply_in_time_is_a_timeout_the_caller_sees() {
         .unwrap_err();
     assert_eq!(error.kind, Ec2ErrorKind::Timeout, "{error}");
     assert!(error.may_have_acted());
-    assert!(started.elapsed() < Duration::from_millis(1400), "no hidden retry");
+    assert!(
+        started.elapsed() < Duration::from_millis(1400),
+        "no hidden retry"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,8 +210,9 @@ async fn a_spot_interruption_is_a_preemption_and_a_foreign_termination_is_named_
             .map(|i| i["id"].as_str().unwrap().to_owned())
             .expect("the instance")
     };
-    bed.interrupt(&id_of(&spot));
-    bed.terminate_outside(&id_of(&other));
+    let (spot_id, other_id) = (id_of(&spot), id_of(&other));
+    bed.interrupt(&spot_id);
+    bed.terminate_outside(&other_id);
     assert_eq!(plugin.check_losses().await.unwrap(), 2);
     assert_eq!(plugin.loss_reason(&spot), Some(LossReason::Preempted));
     assert_eq!(

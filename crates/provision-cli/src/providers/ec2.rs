@@ -191,7 +191,11 @@ async fn start_ec2(
         .region
         .clone()
         .or(identity.region)
-        .or_else(|| cli.endpoint.is_some().then(|| ENDPOINT_DEFAULT_REGION.to_owned()))
+        .or_else(|| {
+            cli.endpoint
+                .is_some()
+                .then(|| ENDPOINT_DEFAULT_REGION.to_owned())
+        })
         .ok_or_else(|| {
             anyhow::anyhow!(
                 "[providers.ec2]: no region: set region, or AWS_REGION, or the profile's region"
@@ -292,8 +296,14 @@ ec2 = { instance_type = "t3.micro", image = "ami-12c6146b", spot = true, tags = 
         assert!(shown.contains("reserved"), "{shown}");
         let text = GOOD.replace("region =", "regoin =");
         let shown = parse_text(&text).expect_err("refused").to_string();
-        assert!(shown.contains("cloud.toml:4") || shown.contains("cloud.toml:6"), "{shown}");
-        let text = GOOD.replace("http://127.0.0.1:5300", "https://ec2.us-east-1.amazonaws.com");
+        assert!(
+            shown.contains("cloud.toml:4") || shown.contains("cloud.toml:6"),
+            "{shown}"
+        );
+        let text = GOOD.replace(
+            "http://127.0.0.1:5300",
+            "https://ec2.us-east-1.amazonaws.com",
+        );
         let shown = parse_text(&text).expect_err("refused").to_string();
         assert!(shown.contains("providers.ec2.endpoint_url"), "{shown}");
     }

@@ -38,8 +38,7 @@ pub(crate) use process::{AGENT_SUBCOMMAND, agent_main};
 
 /// Every provider this build serves, in the order their tables are read
 /// and their plugins started.
-pub(crate) static REGISTRY: &[&dyn ProviderModule] =
-    &[
+pub(crate) static REGISTRY: &[&dyn ProviderModule] = &[
     &process::Process,
     &exec::Exec,
     &ssh::Ssh,

@@ -380,7 +380,9 @@ impl Ec2Plugin {
             .map_err(|e| e.into_plugin_error("watching instances", false))?;
         let by_id: BTreeMap<&str, &Instance> = listed.iter().map(|i| (i.id.as_str(), i)).collect();
         let mut lost = 0;
-        for (key, id) in lock(&self.known).clone() {
+        // Copied first: the loop takes the lock again.
+        let watched = lock(&self.known).clone();
+        for (key, id) in watched {
             let reason = match by_id.get(id.as_str()) {
                 Some(instance) if !instance.state.is_ending() => {
                     if !matches!(

@@ -19,23 +19,22 @@ use std::time::{Duration, Instant};
 use provisioning::{NodeTemplate, RunId};
 use provisioning_agent::RunSecret;
 use provisioning_ec2::{
-    ApiEndpoint, AddressChoice, Credentials, Ec2AgentConfig, Ec2Plugin, Ec2PluginConfig,
-    GroupShape,
+    AddressChoice, ApiEndpoint, Credentials, Ec2AgentConfig, Ec2Plugin, Ec2PluginConfig, GroupShape,
 };
 use serde_json::Value;
 
 /// The test agent binary: what each booted instance starts.
-pub const AGENT: &str = env!("CARGO_BIN_EXE_provision-ec2-agent");
+pub(crate) const AGENT: &str = env!("CARGO_BIN_EXE_provision-ec2-agent");
 
 /// An AMI moto knows.
-pub const IMAGE: &str = "ami-12c6146b";
+pub(crate) const IMAGE: &str = "ami-12c6146b";
 
 /// How long the server may take to say it listens.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How the testbed runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Tokens, transitions, faults and boot.
     Full,
     /// Plain moto: tokens ignored, no transitions, no faults (still boots).
@@ -43,11 +42,11 @@ pub enum Mode {
 }
 
 /// A running testbed.
-pub struct Testbed {
+pub(crate) struct Testbed {
     child: Child,
     stdin: Option<ChildStdin>,
     /// `http://127.0.0.1:PORT`.
-    pub url: String,
+    pub(crate) url: String,
     authority: String,
 }
 
@@ -64,15 +63,15 @@ impl Testbed {
     /// # Panics
     /// When moto's virtual environment is missing or the server does not
     /// start: the EC2 tests need it (run `scripts/test-deps.sh` as root).
-    pub fn start(mode: Mode, pending_ms: u64) -> Testbed {
+    pub(crate) fn start(mode: Mode, pending_ms: u64) -> Testbed {
         let python = venv().join("bin/python");
         assert!(
             python.is_file(),
             "the EC2 testbed needs moto in the virtual environment {} (PROVISION_TEST_VENV); run scripts/test-deps.sh as root",
             venv().display()
         );
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../scripts/ec2-testbed/server.py");
+        let script =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ec2-testbed/server.py");
         let mut command = Command::new(&python);
         command
             .arg(&script)
@@ -122,7 +121,7 @@ impl Testbed {
     }
 
     /// A plugin configuration for `run` against this testbed.
-    pub fn plugin_config(&self, run: &str) -> Ec2PluginConfig {
+    pub(crate) fn plugin_config(&self, run: &str) -> Ec2PluginConfig {
         Ec2PluginConfig {
             run_id: RunId::new(run),
             endpoint: ApiEndpoint::parse(&self.url).expect("testbed url"),
@@ -139,7 +138,7 @@ impl Testbed {
 
     /// A plugin for `run` whose instances boot the test agent, joining a
     /// listener on a free loopback port.
-    pub async fn agent_plugin(&self, run: &str) -> Arc<Ec2Plugin> {
+    pub(crate) async fn agent_plugin(&self, run: &str) -> Arc<Ec2Plugin> {
         let mut agent =
             Ec2AgentConfig::new(AGENT, RunSecret::generate(), "127.0.0.1:0".parse().unwrap());
         agent.join_timeout = Duration::from_secs(30);
@@ -162,7 +161,9 @@ impl Testbed {
         )
         .expect("send to the testbed");
         let mut reply = String::new();
-        stream.read_to_string(&mut reply).expect("read the testbed's reply");
+        stream
+            .read_to_string(&mut reply)
+            .expect("read the testbed's reply");
         let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
         assert!(
             head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
@@ -172,36 +173,36 @@ impl Testbed {
     }
 
     /// Arms `kind` for the next `count` calls of `action`.
-    pub fn fault(&self, action: &str, kind: &str, count: u32) {
+    pub(crate) fn fault(&self, action: &str, kind: &str, count: u32) {
         let body = serde_json::json!({"action": action, "kind": kind, "count": count});
         self.http("POST", "/_testbed/fault", &body.to_string());
     }
 
     /// Delays the next answer to `action` by `delay_ms`.
-    pub fn delay(&self, action: &str, delay_ms: u64) {
+    pub(crate) fn delay(&self, action: &str, delay_ms: u64) {
         let body = serde_json::json!({"action": action, "kind": "delay", "delay_ms": delay_ms});
         self.http("POST", "/_testbed/fault", &body.to_string());
     }
 
     /// Drops every armed fault.
-    pub fn clear_faults(&self) {
+    pub(crate) fn clear_faults(&self) {
         self.http("POST", "/_testbed/clear", "{}");
     }
 
     /// A spot interruption of `instance`.
-    pub fn interrupt(&self, instance: &str) {
+    pub(crate) fn interrupt(&self, instance: &str) {
         let body = serde_json::json!({"instance_id": instance});
         self.http("POST", "/_testbed/interrupt", &body.to_string());
     }
 
     /// A termination of `instance` by someone else.
-    pub fn terminate_outside(&self, instance: &str) {
+    pub(crate) fn terminate_outside(&self, instance: &str) {
         let body = serde_json::json!({"instance_id": instance});
         self.http("POST", "/_testbed/terminate", &body.to_string());
     }
 
     /// Every instance the server knows: id, state, tags, booted.
-    pub fn instances(&self) -> Vec<Value> {
+    pub(crate) fn instances(&self) -> Vec<Value> {
         self.http("GET", "/_testbed/instances", "")
             .as_array()
             .cloned()
@@ -209,7 +210,7 @@ impl Testbed {
     }
 
     /// The instances of `run` that are not terminated or shutting down.
-    pub fn live_instances(&self, run: &str) -> Vec<Value> {
+    pub(crate) fn live_instances(&self, run: &str) -> Vec<Value> {
         self.instances()
             .into_iter()
             .filter(|i| i["tags"]["provision:run"] == run)
@@ -218,12 +219,16 @@ impl Testbed {
     }
 
     /// API calls received, by action.
-    pub fn calls(&self) -> Value {
+    pub(crate) fn calls(&self) -> Value {
         self.http("GET", "/_testbed/calls", "")
     }
 
     /// Waits until `check` holds, at most `timeout`.
-    pub fn wait_for(&self, timeout: Duration, mut check: impl FnMut(&Testbed) -> bool) -> bool {
+    pub(crate) fn wait_for(
+        &self,
+        timeout: Duration,
+        mut check: impl FnMut(&Testbed) -> bool,
+    ) -> bool {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if check(self) {
@@ -252,7 +257,7 @@ impl Drop for Testbed {
 }
 
 /// The group shape the tests create instances with.
-pub fn shape() -> GroupShape {
+pub(crate) fn shape() -> GroupShape {
     GroupShape {
         instance_type: "t3.micro".to_owned(),
         image: IMAGE.to_owned(),
@@ -261,7 +266,7 @@ pub fn shape() -> GroupShape {
 }
 
 /// A node template of provider `ec2` carrying [`shape`].
-pub fn template() -> NodeTemplate {
+pub(crate) fn template() -> NodeTemplate {
     NodeTemplate {
         role: "contract".to_owned(),
         provider: "ec2".to_owned(),
