@@ -288,11 +288,11 @@ ec2 = { instance_type = "t3.micro", image = "ami-12c6146b", spot = true, tags = 
     fn unknown_keys_and_bad_values_are_refused_with_their_line() {
         let text = GOOD.replace("spot = true", "gpus = 1");
         let shown = parse_text(&text).expect_err("refused").to_string();
-        assert!(shown.contains("cloud.toml:11"), "{shown}");
+        assert!(shown.contains("cloud.toml:12"), "{shown}");
         assert!(shown.contains("gpus"), "{shown}");
         let text = GOOD.replace("tags = { team", "tags = { \"provision:run\"");
         let shown = parse_text(&text).expect_err("refused").to_string();
-        assert!(shown.contains("cloud.toml:11"), "{shown}");
+        assert!(shown.contains("cloud.toml:12"), "{shown}");
         assert!(shown.contains("reserved"), "{shown}");
         let text = GOOD.replace("region =", "regoin =");
         let shown = parse_text(&text).expect_err("refused").to_string();
