@@ -81,6 +81,7 @@ fn template(engine: &Engine) -> NodeTemplate {
             start_command: "sleep 1000".to_owned(),
             env: BTreeMap::new(),
             args: Vec::new(),
+            on_peers_change: String::new(),
         },
         swarm_join: SwarmJoinTemplate {
             swarm: "default".to_owned(),

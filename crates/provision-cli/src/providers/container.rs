@@ -38,7 +38,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::DeValue;
 
-use super::{ConfiguredProvider, PluginStart, ProviderModule};
+use super::{ConfiguredProvider, PluginStart, ProviderMemo, ProviderModule};
 use crate::located::{Locator, ShapeFileError};
 
 /// The provider kind `[providers.container]` serves, and the name of its
@@ -96,15 +96,7 @@ impl ProviderModule for Container {
         _run_id: &RunId,
         table: Option<Spanned<DeValue<'_>>>,
     ) -> Result<Arc<dyn ConfiguredProvider>, ShapeFileError> {
-        let Some(table) = table else {
-            return Err(at.error(
-                None,
-                Some("providers.container".to_owned()),
-                "the file has no [providers.container] table",
-            ));
-        };
-        let table: Spanned<ContainerSettings> =
-            at.deserialize_value(table, "providers.container")?;
+        let table: Spanned<ContainerSettings> = super::read_table(at, KIND, table)?;
         let settings =
             check(at.path, &table).map_err(|e| at.error(e.span, Some(e.field), e.message))?;
         Ok(Arc::new(settings))
@@ -131,7 +123,12 @@ pub(crate) struct ContainerCliSettings {
 }
 
 impl ConfiguredProvider for ContainerCliSettings {
-    fn start<'a>(&'a self, run_id: &'a RunId, secret: RunSecret) -> PluginStart<'a> {
+    fn start<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        secret: RunSecret,
+        _memo: &'a ProviderMemo,
+    ) -> PluginStart<'a> {
         Box::pin(start_container(run_id, secret, self))
     }
 

@@ -13,6 +13,7 @@
 //! line in [`REGISTRY`].
 
 mod container;
+mod ec2;
 mod exec;
 mod process;
 mod slurm;
@@ -44,6 +45,7 @@ pub(crate) static REGISTRY: &[&dyn ProviderModule] = &[
     &ssh::Ssh,
     &slurm::Slurm,
     &container::Container,
+    &ec2::Ec2,
 ];
 
 /// The provider a group gets when it names none: the embedded one, which
@@ -242,7 +244,10 @@ mod tests {
     #[test]
     fn the_registry_serves_each_kind_once() {
         let kinds = kinds();
-        assert_eq!(kinds, ["process", "exec", "ssh", "slurm", "container"]);
+        assert_eq!(
+            kinds,
+            ["process", "exec", "ssh", "slurm", "container", "ec2"]
+        );
         let default = REGISTRY.iter().filter(|p| p.kind() == DEFAULT_KIND);
         assert_eq!(
             default.map(|p| p.needs_table()).collect::<Vec<_>>(),

@@ -266,7 +266,14 @@ impl Shared {
     fn on_swarm(&self, event: RemoteEvent) {
         match event {
             RemoteEvent::Joined(key) => self.joined(&key, false),
-            RemoteEvent::Rejoined(key) => self.joined(&key, true),
+            RemoteEvent::Rejoined(key) => {
+                // Re-earns the readiness of a node recovered as ready (an
+                // adopted container's agent); changes nothing otherwise.
+                if let Some(sink) = lock(&self.sink).as_ref() {
+                    sink.rejoined(&key);
+                }
+                self.joined(&key, true);
+            }
             RemoteEvent::Lost(key, cause) => {
                 lock(&self.sessions).remove(&key);
                 lock(&self.rejoined).remove(&key);

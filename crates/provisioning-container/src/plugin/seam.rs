@@ -245,7 +245,8 @@ impl ContainerPlugin {
         command
     }
 
-    fn boot_order(&self, key: &AttemptKey, spec: &LogicalNodeSpec) -> BootOrder {
+    fn boot_order(&self, key: &AttemptKey, request: &BootstrapRequest) -> BootOrder {
+        let spec = &request.spec;
         let template = spec.template();
         let boot = &template.boot;
         BootOrder {
@@ -265,6 +266,11 @@ impl ContainerPlugin {
                 labels: template.swarm_join.labels.clone(),
             },
             resume_only: false,
+            group_size: self.swarm.group_size(key.node.group()),
+            address: Some(provisioning_agent::wire::address_of_endpoint(
+                &request.endpoint.0,
+            )),
+            on_peers_change: boot.on_peers_change.clone(),
         }
     }
 
@@ -287,7 +293,7 @@ impl ContainerPlugin {
         name: &str,
         request: &BootstrapRequest,
     ) -> Result<(), PluginError> {
-        let order = serde_json::to_vec(&self.boot_order(key, &request.spec))
+        let order = serde_json::to_vec(&self.boot_order(key, request))
             .map_err(|e| PluginError::definite(format!("cannot encode the boot order: {e}")))?;
         let serial = self.shared.next_serial();
         lock(&self.shared.sessions).insert(
@@ -380,6 +386,11 @@ impl ProvisionPlugin for ContainerPlugin {
 
     fn attach(&self, sink: ObservationSink) {
         *lock(&self.shared.sink) = Some(sink);
+    }
+
+    /// Pushes the membership to every agent of the swarm.
+    fn membership_changed(&self, membership: &std::sync::Arc<provisioning::Membership>) {
+        self.swarm.publish_peers(membership);
     }
 
     async fn create_node(

@@ -84,6 +84,7 @@ pub fn spec(key: &AttemptKey, labels: BTreeMap<String, String>, start: &str) -> 
             start_command: start.to_owned(),
             env: BTreeMap::new(),
             args: Vec::new(),
+            on_peers_change: String::new(),
         },
         swarm_join: SwarmJoinTemplate {
             swarm: "default".to_owned(),
