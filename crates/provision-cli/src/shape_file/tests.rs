@@ -168,7 +168,7 @@ fn a_non_finite_or_negative_resource_is_rejected_at_its_line() {
 fn an_unknown_provider_kind_is_rejected_naming_the_group() {
     check_error(
         "run = \"demo\"\n[[group]]\nid = \"gpu\"\ncount = 1\nprovider = \"cloud\"\n",
-        "shape.toml:5:12: field `group[0].provider`: group \"gpu\" names provider kind \"cloud\", which this build does not serve (available: process, exec, ssh, slurm)",
+        "shape.toml:5:12: field `group[0].provider`: group \"gpu\" names provider kind \"cloud\", which this build does not serve (available: process, exec, ssh, slurm, container, ec2)",
     );
 }
 
@@ -198,7 +198,7 @@ fn a_caller_that_serves_fewer_kinds_lists_only_those() {
 fn a_provider_table_of_an_unknown_kind_is_rejected_naming_the_served_kinds() {
     check_error(
         "run = \"demo\"\n[providers.cloud]\nx = 1\n",
-        "shape.toml:2:12: field `providers.cloud`: unknown field `cloud`, expected one of `process`, `exec`, `ssh`, `slurm`",
+        "shape.toml:2:12: field `providers.cloud`: unknown field `cloud`, expected one of `process`, `exec`, `ssh`, `slurm`, `container`, `ec2`",
     );
 }
 
@@ -206,7 +206,7 @@ fn a_provider_table_of_an_unknown_kind_is_rejected_naming_the_served_kinds() {
 fn an_unknown_group_field_names_the_provider_tables_a_group_may_carry() {
     check_error(
         "run = \"demo\"\n[[group]]\nid = \"web\"\ncount = 1\nstrat = 1\n",
-        "shape.toml:5:1: field `group[0].strat`: unknown field `strat`, expected one of `id`, `count`, `role`, `provider`, `shape`, `boot`, `swarm_join`, `max_unavailable`, `breaker_failures`, `breaker_cooldown_secs`, `breaker_stable_secs`, `slurm`",
+        "shape.toml:5:1: field `group[0].strat`: unknown field `strat`, expected one of `id`, `count`, `role`, `provider`, `shape`, `boot`, `swarm_join`, `max_unavailable`, `breaker_failures`, `breaker_cooldown_secs`, `breaker_stable_secs`, `slurm`, `container`, `ec2`",
     );
 }
 
@@ -258,7 +258,8 @@ fn a_file_without_groups_is_an_empty_cluster() {
 
 /// Every quoted part of `shown` has at most `ECHO_CHARS_MAX` characters.
 fn assert_echoes_are_cut(shown: &str, total: usize) {
-    assert!(shown.chars().count() < 400, "{shown}");
+    // The message around the echoes lists the fields or kinds expected.
+    assert!(shown.chars().count() < 600, "{shown}");
     assert!(
         shown.contains(&format!("\u{2026} ({total} characters)")),
         "{shown}"
