@@ -292,6 +292,19 @@ impl SshCluster {
     }
 
     /// Waits (bounded) until no agent and no claim of the run is left.
+    /// `provision down`, then `up` exits cleanly and nothing is left.
+    fn down_and_check(&mut self, when: &str) {
+        let down = self.run_bounded(&["down", "--run", self.run()], BOUNDS.exit);
+        assert!(
+            down.status.success(),
+            "{when}: {}",
+            String::from_utf8_lossy(&down.stderr)
+        );
+        let exit = self.wait_up_exit();
+        assert!(exit.success(), "{when}: {exit}\n{}", self.up_output());
+        self.assert_nothing_left();
+    }
+
     fn assert_nothing_left(&self) {
         let deadline = Instant::now() + BOUNDS.command;
         while (self.agent_count() > 0 || self.claims().iter().any(|c| !c.is_empty()))
@@ -582,12 +595,20 @@ fn after_kill_9_of_up_mid_bring_up_a_restart_adopts_the_running_agents() {
 fn kill_9_of_up_at_pseudo_random_points_of_an_ssh_bring_up_ends_with_exactly_the_declared_agents() {
     const CRASHES: u32 = 10;
     let mut cluster = SshCluster::new("chaos");
+    // A clean bring-up first: its time to convergence (the agent's upload
+    // included) bounds the crash points, so that they fall within a
+    // bring-up on a machine of any speed.
+    cluster.start();
+    let started = Instant::now();
+    cluster.wait_converged();
+    let bring_up = started.elapsed().max(Duration::from_secs(1));
+    cluster.down_and_check("the clean bring-up");
     let mut points = CrashPoints::new(0x2545_f491_4f6c_dd1d);
     // Crashes that found ready nodes to keep: the run is not vacuous.
     let mut kept_ready = 0;
     for crash in 0..CRASHES {
         cluster.start();
-        sleep(points.next_below(Duration::from_millis(4_000)));
+        sleep(points.next_below(bring_up));
         let before = cluster
             .up
             .status()
@@ -636,19 +657,7 @@ fn kill_9_of_up_at_pseudo_random_points_of_an_ssh_bring_up_ends_with_exactly_the
                 "crash {crash}: the workload of {claim} was restarted"
             );
         }
-        let down = cluster.run_bounded(&["down", "--run", cluster.run()], BOUNDS.exit);
-        assert!(
-            down.status.success(),
-            "crash {crash}: {}",
-            String::from_utf8_lossy(&down.stderr)
-        );
-        let exit = cluster.wait_up_exit();
-        assert!(
-            exit.success(),
-            "crash {crash}: {exit}\n{}",
-            cluster.up_output()
-        );
-        cluster.assert_nothing_left();
+        cluster.down_and_check(&format!("crash {crash}"));
     }
     assert!(
         kept_ready > 0,

@@ -192,8 +192,17 @@ fn keep_alive(stream: &TcpStream, peer: SocketAddr) {
         .with_time(KEEPALIVE_IDLE)
         .with_interval(KEEPALIVE_INTERVAL)
         .with_retries(KEEPALIVE_PROBES);
-    if let Err(error) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+    let socket = socket2::SockRef::from(stream);
+    if let Err(error) = socket.set_tcp_keepalive(&keepalive) {
         tracing::warn!(%peer, %error, "cannot turn TCP keepalive on: a silent partition goes unnoticed");
+    }
+    // Keepalive probes are only sent while nothing written waits for its
+    // acknowledgement: a peers push written as the link went silent would
+    // otherwise leave the connection to the kernel's retransmissions
+    // (about 15 minutes). Unacknowledged data ends it after the same
+    // silence instead.
+    if let Err(error) = socket.set_tcp_user_timeout(Some(KEEPALIVE_SILENCE)) {
+        tracing::warn!(%peer, %error, "cannot bound unacknowledged writes: a partition during a push may go unnoticed");
     }
 }
 
