@@ -278,11 +278,10 @@ async fn serve<G: SwarmGate>(
                     };
                     let written = tokio::time::timeout(PEERS_WRITE_WAIT_MAX, write.write_all(&line)).await;
                     if let Err(error) = written.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())) {
-                        tracing::warn!(
-                            "lost the connection to {}'s agent (attempt {}) sending its peers: {error}",
-                            key.node,
-                            key.attempt.get(),
-                        );
+                        // Whether that is a loss is the gate's to say (an
+                        // agent stopped as ordered goes away too), and it
+                        // logs what it decides.
+                        tracing::debug!(node = %key, %error, "connection lost sending the peers");
                         break Some(LossCause::AgentGone);
                     }
                 }
@@ -315,6 +314,19 @@ fn member_ended(key: &AttemptKey, message: Result<Option<SwarmNotice>, CodecErro
                 key.attempt.get(),
                 KEEPALIVE_SILENCE.as_secs(),
             );
+            LossCause::AgentGone
+        }
+        Err(CodecError::Io(error))
+            if matches!(
+                error.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ) =>
+        {
+            // An agent that exits with a peers push it did not read resets
+            // its connection instead of closing it: the same end as a
+            // close, whose meaning (a loss, or a stop the controller
+            // ordered) the gate decides and logs.
+            tracing::debug!(node = %key, %error, "swarm connection reset");
             LossCause::AgentGone
         }
         Err(CodecError::Io(error)) => {
