@@ -95,3 +95,48 @@ async fn a_partition_mid_call_is_ambiguous_and_a_partitioned_host_is_not_ready()
             .status();
     }
 }
+
+/// A cleanup against a cut-off host is retried until it answers; the retry
+/// in flight when the link comes back sees the heal (fresh probes about a
+/// second apart, then `ssh`) instead of failing on a connection that was
+/// opened while the host's route was gone, so the slot is not held for
+/// another retry and backoff.
+#[tokio::test]
+async fn a_destroy_in_flight_when_a_partition_heals_succeeds() {
+    let bed = Testbed::start_netns(1);
+    let host = &bed.hosts[0];
+    let netns = host.netns.as_ref().expect("a namespaced host");
+    let mut config = bed.config("heal", 1);
+    config.connect_timeout = Duration::from_secs(3);
+    config.command_timeout = Duration::from_secs(8);
+    let plugin = SshPlugin::new(config).expect("the plugin");
+    let k = key("heal", "w", 0, 1);
+    let node_spec = spec(&k, BootParams::default());
+    let lease = plugin.create_node(&k, &node_spec).await.expect("create");
+
+    netns.partition();
+    // The first call fails to connect; the next is answered by the probes
+    // alone (nothing ran, no `ssh` waited out its timeout).
+    let first = plugin.destroy_node(&k, &lease.lease).await;
+    assert!(
+        matches!(&first, Err(PluginError::Definite(m)) if m.contains("could not connect")),
+        "{first:?}"
+    );
+    let second = plugin.destroy_node(&k, &lease.lease).await;
+    assert!(
+        matches!(&second, Err(PluginError::Definite(m)) if m.contains("probed before calling ssh")),
+        "{second:?}"
+    );
+
+    // A destroy starts while the host is cut off; the link comes back while
+    // it is under way.
+    let (destroyed, ()) = tokio::join!(plugin.destroy_node(&k, &lease.lease), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        netns.heal();
+    });
+    destroyed.expect("the destroy in flight at the heal reaches the host");
+    assert!(
+        plugin.list_nodes(&k.run_id).await.expect("list").is_empty(),
+        "the claim is gone"
+    );
+}

@@ -33,6 +33,7 @@ use crate::ssh::{self, Reply, SshFailure, quote};
 
 mod install;
 mod launch;
+mod reach;
 mod seam;
 
 use install::file_digest;
@@ -126,6 +127,8 @@ pub struct SshPlugin {
     known: Mutex<BTreeMap<AttemptKey, usize>>,
     /// Per host, the last listing of the run's claims and when it started.
     listings: Vec<tokio::sync::Mutex<Option<Listing>>>,
+    /// Per host, whether it is known to be cut off (see [`reach`]).
+    reach: Vec<Mutex<reach::Reach>>,
 }
 
 /// A listing of a host's claims: when it started, and what it found.
@@ -196,6 +199,7 @@ impl SshPlugin {
             faults: Mutex::new(BTreeMap::new()),
             known: Mutex::new(BTreeMap::new()),
             listings: (0..hosts).map(|_| tokio::sync::Mutex::new(None)).collect(),
+            reach: (0..hosts).map(|_| Mutex::default()).collect(),
         })
     }
 
@@ -441,10 +445,37 @@ impl SshPlugin {
         }
     }
 
-    async fn call(&self, host: usize, port: Option<u16>, body: &str) -> Result<Reply, SshFailure> {
-        let host = &self.config.hosts[host];
+    /// Runs `body` on host `index`. A host whose last call failed to
+    /// connect is probed first (see [`reach`]); a fault's `port` is called
+    /// as it is.
+    async fn call(&self, index: usize, port: Option<u16>, body: &str) -> Result<Reply, SshFailure> {
+        let host = &self.config.hosts[index];
+        let gate = lock(&self.reach[index]).gate();
+        let probed = match (port, gate) {
+            (None, reach::Gate::Probe) => {
+                let window = self.config.connect_timeout.max(reach::PROBE_EVERY);
+                if reach::answers(&host.address, host.port, window).await {
+                    Some(reach::Probed::Answered)
+                } else {
+                    let probed = lock(&self.reach[index]).silent();
+                    if probed == reach::Probed::Silent {
+                        return Err(SshFailure::NotConnected(format!(
+                            "no TCP connection to {}:{} within {window:?} (probed before calling ssh: the host's last call failed to connect)",
+                            host.address, host.port
+                        )));
+                    }
+                    Some(probed)
+                }
+            }
+            _ => None,
+        };
         let script = format!("root={}\n{body}", quote(host.claim_root()));
-        ssh::run(&self.config, host, port, &script).await
+        let outcome = ssh::run(&self.config, host, port, &script).await;
+        if port.is_none() {
+            let connected = !matches!(outcome, Err(SshFailure::NotConnected(_)));
+            lock(&self.reach[index]).called(connected, probed);
+        }
+        outcome
     }
 
     fn unexpected(&self, host: usize, what: &str, reply: &Reply) -> PluginError {
