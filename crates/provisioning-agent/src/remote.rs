@@ -147,6 +147,29 @@ impl std::fmt::Debug for RemoteSwarm {
     }
 }
 
+/// A listening socket on `address` (`SO_REUSEADDR`, as tokio's own bind);
+/// with `nonlocal`, one that binds an address this machine does not have
+/// yet (`IP_FREEBIND`).
+fn listen(address: SocketAddr, nonlocal: bool) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(address),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    if nonlocal {
+        match address {
+            SocketAddr::V4(_) => socket.set_freebind_v4(true)?,
+            SocketAddr::V6(_) => socket.set_freebind_v6(true)?,
+        }
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
 impl RemoteSwarm {
     /// Binds the listener and starts accepting on the current tokio runtime.
     /// `on_event` is called from the listener's tasks, never under a lock.
@@ -154,13 +177,34 @@ impl RemoteSwarm {
         config: RemoteSwarmConfig,
         on_event: impl Fn(RemoteEvent) + Send + Sync + 'static,
     ) -> Result<Self, RemoteError> {
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| RemoteError::Bind {
-                    address: config.listen,
-                    source,
-                })?;
+        let listener = listen(config.listen, false).map_err(|source| RemoteError::Bind {
+            address: config.listen,
+            source,
+        })?;
+        Self::start(listener, config, on_event)
+    }
+
+    /// As [`RemoteSwarm::bind`], but binds the address even when it is not
+    /// (yet) an address of this machine (Linux `IP_FREEBIND`): for an
+    /// address that appears later, such as the gateway of a container
+    /// network whose bridge the engine makes when its first container
+    /// starts. Connections to it are accepted once it is there.
+    pub async fn bind_nonlocal(
+        config: RemoteSwarmConfig,
+        on_event: impl Fn(RemoteEvent) + Send + Sync + 'static,
+    ) -> Result<Self, RemoteError> {
+        let listener = listen(config.listen, true).map_err(|source| RemoteError::Bind {
+            address: config.listen,
+            source,
+        })?;
+        Self::start(listener, config, on_event)
+    }
+
+    fn start(
+        listener: TcpListener,
+        config: RemoteSwarmConfig,
+        on_event: impl Fn(RemoteEvent) + Send + Sync + 'static,
+    ) -> Result<Self, RemoteError> {
         let local = listener.local_addr().map_err(|source| RemoteError::Bind {
             address: config.listen,
             source,

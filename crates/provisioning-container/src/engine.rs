@@ -90,3 +90,28 @@ pub(crate) fn unconnected(socket_path: &Path, timeout: Duration) -> Result<Docke
     )?
     .with_timeout(timeout))
 }
+
+/// The engine's networks with the gateway address of each (networks
+/// without one, and a failed listing, give nothing: the caller only names
+/// them in an error or matches an address against them).
+pub(crate) async fn gateways(docker: &Docker) -> Vec<(String, std::net::IpAddr)> {
+    let Ok(networks) = docker.list_networks(None).await else {
+        return Vec::new();
+    };
+    let mut found: Vec<(String, std::net::IpAddr)> = networks
+        .into_iter()
+        .flat_map(|network| {
+            let name = network.name.unwrap_or_default();
+            network
+                .ipam
+                .and_then(|ipam| ipam.config)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|config| config.gateway?.parse().ok())
+                .map(move |ip| (name.clone(), ip))
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}

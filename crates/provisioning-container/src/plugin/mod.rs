@@ -65,6 +65,65 @@ pub enum ContainerError {
     /// Not called inside a tokio runtime.
     #[error("the container plugin must be started inside a tokio runtime")]
     NoRuntime,
+    /// The listen address is neither an address of this machine nor the
+    /// gateway of one of the engine's networks.
+    #[error(
+        "cannot bind the swarm listener on {address}: it is not an address of this machine, nor the gateway of one of the engine's networks ({gateways}); containers reach the controller at their network's gateway: set `listen` to that address (with the port you want), or listen on 0.0.0.0:PORT and set `advertise` to GATEWAY:PORT"
+    )]
+    ListenNotHere {
+        /// The listen address.
+        address: std::net::SocketAddr,
+        /// The engine's networks and their gateways, as a list for people.
+        gateways: String,
+    },
+}
+
+/// Binds the plugin's swarm listener. A listen address this machine does
+/// not have is bound anyway when it is the gateway of one of the engine's
+/// networks: Podman makes a network's bridge (and gives the host its
+/// gateway address) only when the network's first container starts, so
+/// on a fresh Podman host the default network's `10.88.0.1` is not there
+/// until the first node runs, and connections to it are accepted once it
+/// is. Any other address that is not here is refused, naming the gateways.
+async fn bind_swarm(
+    config: RemoteSwarmConfig,
+    docker: &Docker,
+    events: &Weak<Shared>,
+) -> Result<RemoteSwarm, ContainerError> {
+    let on_event = |events: Weak<Shared>| {
+        move |event| {
+            if let Some(shared) = events.upgrade() {
+                shared.on_swarm(event);
+            }
+        }
+    };
+    let address = config.listen;
+    match RemoteSwarm::bind(config.clone(), on_event(events.clone())).await {
+        Err(RemoteError::Bind { source, .. })
+            if source.kind() == std::io::ErrorKind::AddrNotAvailable =>
+        {
+            let gateways = engine::gateways(docker).await;
+            let Some((network, _)) = gateways.iter().find(|(_, ip)| *ip == address.ip()) else {
+                let gateways = if gateways.is_empty() {
+                    "the engine listed none".to_owned()
+                } else {
+                    gateways
+                        .iter()
+                        .map(|(network, ip)| format!("{network}: {ip}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                return Err(ContainerError::ListenNotHere { address, gateways });
+            };
+            tracing::info!(
+                %address,
+                %network,
+                "the listen address is network {network}'s gateway, not on this machine yet (its bridge is made when its first container starts); listening on it anyway"
+            );
+            Ok(RemoteSwarm::bind_nonlocal(config, on_event(events.clone())).await?)
+        }
+        outcome => Ok(outcome?),
+    }
 }
 
 /// A step of the plugin the fault hook can fault (see
@@ -476,14 +535,7 @@ impl ContainerPlugin {
             serial: Mutex::new(0),
         });
         let events = Arc::downgrade(&shared);
-        let swarm = Arc::new(
-            RemoteSwarm::bind(swarm_config, move |event| {
-                if let Some(shared) = events.upgrade() {
-                    shared.on_swarm(event);
-                }
-            })
-            .await?,
-        );
+        let swarm = Arc::new(bind_swarm(swarm_config, &shared.docker, &events).await?);
         let watch = tokio::spawn(watch_loop(
             Arc::downgrade(&shared),
             Arc::downgrade(&swarm),
