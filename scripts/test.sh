@@ -15,4 +15,6 @@ fi
 # (target/debug/provision-agent); `cargo test` builds only the binaries of
 # the package under test, so every binary of the workspace is built first.
 cargo build --workspace --bins
-exec cargo test --workspace
+# --no-fail-fast: every test binary runs even when one fails, and cargo ends
+# with the list of the targets that failed (still exiting non-zero).
+exec cargo test --workspace --no-fail-fast
