@@ -177,11 +177,7 @@ impl RemoteSwarm {
         config: RemoteSwarmConfig,
         on_event: impl Fn(RemoteEvent) + Send + Sync + 'static,
     ) -> Result<Self, RemoteError> {
-        let listener = listen(config.listen, false).map_err(|source| RemoteError::Bind {
-            address: config.listen,
-            source,
-        })?;
-        Self::start(listener, config, on_event)
+        Self::start(config, false, on_event)
     }
 
     /// As [`RemoteSwarm::bind`], but binds the address even when it is not
@@ -193,18 +189,18 @@ impl RemoteSwarm {
         config: RemoteSwarmConfig,
         on_event: impl Fn(RemoteEvent) + Send + Sync + 'static,
     ) -> Result<Self, RemoteError> {
-        let listener = listen(config.listen, true).map_err(|source| RemoteError::Bind {
-            address: config.listen,
-            source,
-        })?;
-        Self::start(listener, config, on_event)
+        Self::start(config, true, on_event)
     }
 
     fn start(
-        listener: TcpListener,
         config: RemoteSwarmConfig,
+        nonlocal: bool,
         on_event: impl Fn(RemoteEvent) + Send + Sync + 'static,
     ) -> Result<Self, RemoteError> {
+        let listener = listen(config.listen, nonlocal).map_err(|source| RemoteError::Bind {
+            address: config.listen,
+            source,
+        })?;
         let local = listener.local_addr().map_err(|source| RemoteError::Bind {
             address: config.listen,
             source,
@@ -495,4 +491,29 @@ fn lose(inner: &Inner, key: &AttemptKey, generation: u64, cause: LossCause) {
 async fn grace_timer(inner: Arc<Inner>, key: AttemptKey, generation: u64, extra: Duration) {
     tokio::time::sleep(inner.grace + extra).await;
     lose(&inner, &key, generation, LossCause::AgentGone);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 192.0.2.1 (TEST-NET-1, RFC 5737) is never an address of this
+    /// machine; nothing is sent to it, it is only bound.
+    #[tokio::test]
+    async fn an_absent_address_binds_only_when_nonlocal_is_asked_for() {
+        let absent = SocketAddr::from(([192, 0, 2, 1], 0));
+        let refused = listen(absent, false).expect_err("192.0.2.1 is not here");
+        assert_eq!(refused.kind(), std::io::ErrorKind::AddrNotAvailable);
+        let bound = listen(absent, true).expect("IP_FREEBIND binds it");
+        assert_eq!(bound.local_addr().expect("address").ip(), absent.ip());
+        let here = SocketAddr::from(([127, 0, 0, 1], 0));
+        for nonlocal in [false, true] {
+            let listener = listen(here, nonlocal).expect("loopback binds");
+            let address = listener.local_addr().expect("address");
+            let (accepted, dialed) =
+                tokio::join!(listener.accept(), tokio::net::TcpStream::connect(address));
+            accepted.expect("a connection is accepted");
+            dialed.expect("loopback dials");
+        }
+    }
 }
